@@ -1,0 +1,68 @@
+// The error hierarchy: every error hasp throws at runtime extends HaspError and carries a stable `code`.
+
+/** Stable machine-readable codes carried by every {@link HaspError}. */
+export type HaspErrorCode = 'LOCK_BUSY' | 'LOCK_UNAVAILABLE' | 'LOCK_LOST' | 'RATE_LIMIT_UNAVAILABLE';
+
+/**
+ * Base class of every runtime error hasp throws. Branch on {@link HaspError.code}, not on the message.
+ */
+export class HaspError extends Error {
+  /** Stable code; see the table in the package README. */
+  readonly code: HaspErrorCode;
+
+  constructor(code: HaspErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options?.cause === undefined ? undefined : { cause: options.cause });
+    this.code = code;
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * The key is held by someone else and stayed held for the whole `wait`.
+ * `retryAfter` is the holder's remaining time in ms when the store reported it.
+ */
+export class LockBusyError extends HaspError {
+  /** Milliseconds until the current holder's lease runs out, when known. */
+  readonly retryAfter: number | undefined;
+  /** The key that was busy. */
+  readonly key: string;
+
+  constructor(key: string, retryAfter?: number) {
+    super('LOCK_BUSY', `lock "${truncate(key)}" is held by another owner`);
+    this.key = key;
+    this.retryAfter = retryAfter;
+  }
+}
+
+/**
+ * The lock store could not answer: Redis unreachable, a script error, a timeout, or (Redlock) no quorum.
+ * The underlying error is kept in `cause`.
+ */
+export class LockUnavailableError extends HaspError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('LOCK_UNAVAILABLE', message, options);
+  }
+}
+
+/** The lease is no longer held (expired, released, or taken over), so it cannot be extended. */
+export class LockLostError extends HaspError {
+  /** The key whose lease was lost. */
+  readonly key: string;
+
+  constructor(key: string, message?: string, options?: { cause?: unknown }) {
+    super('LOCK_LOST', message ?? `lock "${truncate(key)}" is no longer held`, options);
+    this.key = key;
+  }
+}
+
+/** The rate-limit store failed and the configured policy is to refuse (see `onStoreError: 'closed'`). */
+export class RateLimitUnavailableError extends HaspError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('RATE_LIMIT_UNAVAILABLE', message, options);
+  }
+}
+
+// Keys may be megabytes long; error messages should stay readable.
+function truncate(key: string): string {
+  return key.length > 64 ? `${key.slice(0, 61)}...` : key;
+}

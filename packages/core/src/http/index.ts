@@ -1,0 +1,2 @@
+// Helpers shared by the HTTP adapters (@hasp/express, @hasp/koa).
+export {};

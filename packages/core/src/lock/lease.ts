@@ -1,0 +1,142 @@
+// The one Lease implementation every backend hands out: expiry tracking, extension, idempotent release, and the
+// abort signal that tells the holder its lock is gone.
+import { HaspError, LockLostError, LockUnavailableError } from '../errors.js';
+import type { Lease, LockErrorEvent } from '../types.js';
+import type { LockStore } from './store.js';
+
+/** Why a lease's signal aborted when it was released normally. */
+export class LeaseReleasedError extends Error {
+  constructor(key: string) {
+    super(`lease on "${key.length > 64 ? `${key.slice(0, 61)}...` : key}" was released`);
+    this.name = 'AbortError';
+  }
+}
+
+export class LeaseImpl implements Lease {
+  readonly signal: AbortSignal;
+  private readonly controller = new AbortController();
+  private expiry: number;
+  private expiryTimer: NodeJS.Timeout | undefined;
+  private extendTimer: NodeJS.Timeout | undefined;
+  private releasing: Promise<boolean> | undefined;
+  private released = false;
+  private inflightExtend: Promise<unknown> | undefined;
+
+  constructor(
+    private readonly store: LockStore,
+    readonly key: string,
+    readonly token: string,
+    readonly fence: number,
+    expiresAt: number,
+    private readonly ttl: number,
+    private readonly report: (event: LockErrorEvent) => void,
+  ) {
+    this.signal = this.controller.signal;
+    this.expiry = expiresAt;
+    this.armExpiry();
+  }
+
+  get expiresAt(): number {
+    return this.expiry;
+  }
+
+  async extend(ttl: number = this.ttl): Promise<void> {
+    if (!Number.isInteger(ttl) || ttl <= 0) throw new RangeError(`ttl must be a whole number of ms > 0, got ${String(ttl)}`);
+    if (this.released || this.signal.aborted) throw new LockLostError(this.key);
+    const p = this.doExtend(ttl);
+    this.inflightExtend = p;
+    try {
+      await p;
+    } finally {
+      if (this.inflightExtend === p) this.inflightExtend = undefined;
+    }
+  }
+
+  release(): Promise<boolean> {
+    if (this.released) return Promise.resolve(false);
+    if (this.releasing) return this.releasing;
+    this.stopTimers();
+    if (!this.signal.aborted) this.controller.abort(new LeaseReleasedError(this.key));
+    const p = (async () => {
+      // An extension racing the release must not report a false loss or re-extend a freed lock: let it settle first.
+      if (this.inflightExtend) await this.inflightExtend.catch(() => undefined);
+      const held = await this.store.release(this.key, this.token);
+      this.released = true;
+      return held;
+    })();
+    this.releasing = p;
+    p.catch(() => {
+      // A failed release may be retried by calling release() again.
+      if (this.releasing === p) this.releasing = undefined;
+    });
+    return p;
+  }
+
+  /**
+   * Keeps the lease alive until released: extends when half the remaining time has passed, retries failures
+   * while time is left, and aborts the signal when the lock is lost for good.
+   */
+  startAutoExtend(): void {
+    const schedule = (delay: number) => {
+      if (this.signal.aborted) return;
+      this.extendTimer = setTimeout(tick, Math.max(0, delay));
+      this.extendTimer.unref();
+    };
+    const tick = () => {
+      this.extendTimer = undefined;
+      if (this.signal.aborted) return;
+      this.extend().then(
+        () => schedule((this.expiry - this.store.now()) / 2),
+        (error: unknown) => {
+          if (this.signal.aborted) return; // lost (already reported) or released meanwhile
+          const err = error instanceof HaspError ? error : new LockUnavailableError('extension failed', { cause: error });
+          this.report({ operation: 'extend', key: this.key, error: err });
+          // Transient failure: try again soon, while the lease is still valid; the expiry timer aborts otherwise.
+          const left = this.expiry - this.store.now();
+          schedule(Math.min(Math.max(left / 4, 5), 1_000));
+        },
+      );
+    };
+    schedule((this.expiry - this.store.now()) / 2);
+  }
+
+  /** Marks the lease lost: aborts the signal with a LockLostError and reports it. */
+  lose(error: LockLostError): void {
+    if (this.signal.aborted) return;
+    this.stopTimers();
+    this.controller.abort(error);
+    this.report({ operation: 'lost', key: this.key, error });
+  }
+
+  private async doExtend(ttl: number): Promise<void> {
+    const started = this.store.now();
+    const left = await this.store.extend(this.key, this.token, ttl);
+    if (left === null) {
+      const error = new LockLostError(this.key);
+      this.lose(error);
+      throw error;
+    }
+    if (this.signal.aborted) return;
+    this.expiry = Math.max(this.expiry, started + left - this.store.drift(left));
+    this.armExpiry();
+  }
+
+  private armExpiry(): void {
+    if (this.expiryTimer) clearTimeout(this.expiryTimer);
+    const delay = this.expiry - this.store.now();
+    this.expiryTimer = setTimeout(() => {
+      this.expiryTimer = undefined;
+      // Timers can fire early relative to the clock; only call it expired when the clock agrees.
+      if (this.store.now() < this.expiry) return this.armExpiry();
+      this.lose(new LockLostError(this.key, `lease on "${this.key}" expired`));
+    }, Math.max(0, Math.min(delay, 2 ** 31 - 1)));
+    this.expiryTimer.unref();
+  }
+
+  private stopTimers(): void {
+    if (this.expiryTimer) clearTimeout(this.expiryTimer);
+    if (this.extendTimer) clearTimeout(this.extendTimer);
+    this.expiryTimer = undefined;
+    this.extendTimer = undefined;
+  }
+}

@@ -1,0 +1,173 @@
+// The behaviour every locker shares: option resolution, the acquire/wait loop with wake-ups, `using` with
+// auto-extension. Backends only supply a LockStore.
+import { HaspError, LockBusyError, LockUnavailableError } from '../errors.js';
+import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
+import { randomToken } from '../util/token.js';
+import * as v from '../util/validate.js';
+import { LeaseImpl } from './lease.js';
+import type { AttemptResult, LockStore } from './store.js';
+
+/** Locker defaults from the contract. */
+export const LOCKER_DEFAULTS = { ttl: 30_000, wait: 0 } as const;
+
+// Upper bound on one sleep between attempts while waiting: covers a lost wake-up message.
+const MAX_POLL_MS = 1_000;
+// Poll interval when wake-ups are not available (subscriber down).
+const FALLBACK_POLL_MS = 50;
+
+export interface ResolvedLockerOptions {
+  ttl: number;
+  wait: number;
+  onError: ((event: LockErrorEvent) => void) | undefined;
+}
+
+/** Validates the options every locker shares. */
+export function resolveLockerOptions(options: LockerOptions): ResolvedLockerOptions {
+  const o = { ...LOCKER_DEFAULTS, ...v.definedOnly(options) };
+  return {
+    ttl: v.duration('ttl', o.ttl),
+    wait: v.duration('wait', o.wait, true),
+    onError: o.onError === undefined ? undefined : v.func<(e: LockErrorEvent) => void>('onError', o.onError),
+  };
+}
+
+interface CallOptions {
+  ttl: number;
+  wait: number;
+  owner: string;
+  signal: AbortSignal | undefined;
+}
+
+/** Shared Locker implementation over a {@link LockStore}. */
+export abstract class BaseLocker implements Locker {
+  protected readonly defaults: ResolvedLockerOptions;
+
+  protected constructor(
+    protected readonly store: LockStore,
+    defaults: ResolvedLockerOptions,
+  ) {
+    this.defaults = defaults;
+  }
+
+  async acquire(key: string, options?: AcquireOptions): Promise<Lease> {
+    const o = this.callOptions(key, options);
+    const result = await this.attemptUntil(key, o);
+    if (result instanceof LeaseImpl) return result;
+    throw new LockBusyError(key, result.pttl >= 0 ? result.pttl : undefined);
+  }
+
+  async tryAcquire(key: string, options?: AcquireOptions): Promise<Lease | null> {
+    const o = this.callOptions(key, options);
+    const result = await this.attemptUntil(key, o);
+    return result instanceof LeaseImpl ? result : null;
+  }
+
+  async using<T>(key: string, fn: (lease: Lease) => Promise<T>, options?: UsingOptions): Promise<T> {
+    v.func('fn', fn);
+    const autoExtend = options?.autoExtend === undefined ? true : v.boolean('autoExtend', options.autoExtend);
+    const lease = (await this.acquire(key, options)) as LeaseImpl;
+    if (autoExtend) lease.startAutoExtend();
+    try {
+      return await fn(lease);
+    } finally {
+      try {
+        await lease.release();
+      } catch (error) {
+        // Never mask the function's own outcome with a release failure; the lock expires by its ttl anyway.
+        const err = error instanceof HaspError ? error : new LockUnavailableError('release failed', { cause: error });
+        this.reportError({ operation: 'release', key, error: err });
+      }
+    }
+  }
+
+  /** Stops background work and closes connections this locker opened. The user's Redis clients stay open. */
+  close(): void {
+    this.store.close();
+  }
+
+  private callOptions(key: string, options: AcquireOptions | undefined): CallOptions {
+    v.key(key);
+    const o = v.definedOnly(options);
+    return {
+      ttl: o.ttl === undefined ? this.defaults.ttl : v.duration('ttl', o.ttl),
+      wait: o.wait === undefined ? this.defaults.wait : v.duration('wait', o.wait, true),
+      owner: o.owner === undefined ? '' : v.string('owner', o.owner, false),
+      signal: o.signal === undefined ? undefined : v.signal('signal', o.signal),
+    };
+  }
+
+  /** Attempts until granted or `wait` runs out; resolves the lease, or the last busy answer. */
+  private async attemptUntil(key: string, o: CallOptions): Promise<LeaseImpl | { pttl: number }> {
+    o.signal?.throwIfAborted();
+    const token = randomToken();
+    const deadline = this.store.now() + o.wait;
+    let stopListening: (() => void) | undefined;
+    let listening = false;
+    let wake: (() => void) | undefined;
+    // Set by a wake-up that arrives while no sleep is pending, so it is not lost.
+    let woken = false;
+    try {
+      for (;;) {
+        woken = false;
+        const started = this.store.now();
+        const result: AttemptResult = await this.store.attempt(key, token, o.owner, o.ttl);
+        if (result.ok) return this.lease(key, result, started, o.ttl);
+        const left = deadline - this.store.now();
+        if (left <= 0) return result;
+        o.signal?.throwIfAborted();
+        if (!listening) {
+          // Subscribe, then try again at once: a release between our attempt and the subscription is not missed.
+          listening = true;
+          try {
+            stopListening = await this.store.listen(key, () => {
+              woken = true;
+              wake?.();
+            });
+            continue;
+          } catch {
+            stopListening = undefined; // wake-ups unavailable: poll
+          }
+        }
+        if (woken) continue;
+        const poll = stopListening ? MAX_POLL_MS : FALLBACK_POLL_MS;
+        // A holder's expiry publishes nothing, so never sleep past it.
+        const until = Math.min(left, poll, result.pttl >= 0 ? result.pttl + 1 : poll);
+        await new Promise<void>((resolve, reject) => {
+          const done = () => {
+            clearTimeout(timer);
+            o.signal?.removeEventListener('abort', onAbort);
+            wake = undefined;
+          };
+          const onAbort = () => {
+            done();
+            reject(o.signal?.reason);
+          };
+          const timer = setTimeout(() => {
+            done();
+            resolve();
+          }, until);
+          wake = () => {
+            done();
+            resolve();
+          };
+          o.signal?.addEventListener('abort', onAbort, { once: true });
+        });
+      }
+    } finally {
+      stopListening?.();
+    }
+  }
+
+  private lease(key: string, result: Extract<AttemptResult, { ok: true }>, started: number, ttl: number): LeaseImpl {
+    const expiresAt = started + result.ttl - this.store.drift(result.ttl);
+    return new LeaseImpl(this.store, key, result.token, result.fence, expiresAt, ttl, (e) => this.reportError(e));
+  }
+
+  private reportError(event: LockErrorEvent): void {
+    try {
+      this.defaults.onError?.(event);
+    } catch {
+      // A throwing hook must not turn into an unhandled rejection inside a timer.
+    }
+  }
+}

@@ -1,0 +1,32 @@
+// MemoryLock: the Locker for one process, with no Redis; the zero-setup default of the middleware.
+import type { MemoryLockOptions } from '../types.js';
+import * as v from '../util/validate.js';
+import { BaseLocker, resolveLockerOptions } from './locker.js';
+import { MemoryLockStore } from './memory-store.js';
+
+const OPTIONS = ['ttl', 'wait', 'onError', 'clock'] as const;
+
+/**
+ * A lock held in this process's memory. Same semantics as {@link RedisLock} (fences, reentrancy, waiting with
+ * immediate wake-up, auto-extension), for code that runs in one process or for tests.
+ *
+ * @example
+ * ```ts
+ * import { MemoryLock } from '@hasp/core';
+ * const locks = new MemoryLock();
+ * const lease = await locks.acquire('report', { wait: 5_000 });
+ * try { /* ... *\/ } finally { await lease.release(); }
+ * ```
+ */
+export class MemoryLock extends BaseLocker {
+  /**
+   * @param options - see {@link MemoryLockOptions}
+   * @throws TypeError or RangeError naming the option when an option is invalid
+   */
+  constructor(options?: MemoryLockOptions) {
+    const o = v.definedOnly(options);
+    v.knownKeys('MemoryLock', o, OPTIONS);
+    const clock = o.clock === undefined ? Date.now : v.func<() => number>('clock', o.clock);
+    super(new MemoryLockStore(clock), resolveLockerOptions(o));
+  }
+}

@@ -1,0 +1,49 @@
+// RedisLock: the Locker on one Redis node (or one Cluster).
+import type { RedisClient, RedisLockOptions } from '../types.js';
+import * as v from '../util/validate.js';
+import { BaseLocker, resolveLockerOptions } from './locker.js';
+import { RedisLockStore } from './redis-store.js';
+
+const OPTIONS = ['ttl', 'wait', 'onError', 'prefix', 'timeout'] as const;
+
+/** Defaults of the Redis-backed lockers. */
+export const REDIS_LOCK_DEFAULTS = { prefix: 'hasp:lock:', timeout: 2_000, driftFactor: 0.01 } as const;
+
+/**
+ * A lock on one Redis node or one Redis Cluster. Acquire is one script call (SET-if-absent plus the fence), release and
+ * extend compare the token atomically, and waiters are woken by pub/sub when the holder releases.
+ *
+ * @example
+ * ```ts
+ * import Redis from 'ioredis';
+ * import { RedisLock } from '@hasp/core';
+ * const locks = new RedisLock(new Redis());
+ * await locks.using('order:42', async (lease) => {
+ *   // lease.fence grows with every new holder: pass it to the resource you protect
+ * });
+ * ```
+ */
+export class RedisLock extends BaseLocker {
+  /**
+   * @param redis - an ioredis `Redis` or `Cluster`; hasp never changes its configuration
+   * @param options - see {@link RedisLockOptions}
+   * @throws TypeError or RangeError naming the option when an option is invalid
+   */
+  constructor(redis: RedisClient, options?: RedisLockOptions) {
+    assertClient('redis', redis);
+    const o = { ...REDIS_LOCK_DEFAULTS, ...v.definedOnly(options) };
+    v.knownKeys('RedisLock', v.definedOnly(options), OPTIONS);
+    const base = resolveLockerOptions(o);
+    const prefix = v.string('prefix', o.prefix);
+    const timeout = v.duration('timeout', o.timeout);
+    super(new RedisLockStore(redis, prefix, timeout, REDIS_LOCK_DEFAULTS.driftFactor), base);
+  }
+}
+
+/** Checks that `value` looks like an ioredis client. */
+export function assertClient(name: string, value: unknown): void {
+  const c = value as { evalsha?: unknown; duplicate?: unknown } | null;
+  if (typeof c !== 'object' || c === null || typeof c.evalsha !== 'function' || typeof c.duplicate !== 'function') {
+    throw new TypeError(`${name} must be an ioredis Redis or Cluster instance, got ${v.describe(value)}`);
+  }
+}

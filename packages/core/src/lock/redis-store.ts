@@ -1,0 +1,91 @@
+// LockStore over one Redis node or Cluster: each operation is one script call, bounded in time.
+import { LockUnavailableError } from '../errors.js';
+import { bounded } from '../redis/call.js';
+import { keyStem } from '../redis/keys.js';
+import { Wakeups } from '../redis/wakeups.js';
+import type { RedisClient } from '../types.js';
+import { ACQUIRE, EXTEND, RELEASE } from './scripts.lua.js';
+import type { AttemptResult, LockStore } from './store.js';
+
+/** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
+export const FENCE_RETENTION_MS = 3_600_000;
+
+/** Drift allowance shared by the Redis backends: ttl × factor + 2 ms. */
+export function driftFor(ttl: number, factor: number): number {
+  return Math.floor(ttl * factor) + 2;
+}
+
+/** Redis names of one lock key. */
+export function lockNames(prefix: string, key: string): { lock: string; fence: string; channel: string } {
+  const stem = keyStem(prefix, key);
+  return { lock: stem, fence: `${stem}:f`, channel: `${stem}:w` };
+}
+
+/** Parses the ACQUIRE script's reply. */
+export function parseAttempt(reply: unknown): AttemptResult {
+  const r = reply as [number, string | number, string?, number?];
+  if (r[0] === 1) return { ok: true, token: String(r[1]), fence: Number(r[2]), ttl: Number(r[3]) };
+  return { ok: false, pttl: Number(r[1]) };
+}
+
+export class RedisLockStore implements LockStore {
+  private readonly wakeups: Wakeups;
+
+  constructor(
+    private readonly client: RedisClient,
+    private readonly prefix: string,
+    private readonly timeout: number,
+    private readonly driftFactor: number,
+  ) {
+    this.wakeups = new Wakeups(client, timeout);
+  }
+
+  async attempt(key: string, token: string, owner: string, ttl: number): Promise<AttemptResult> {
+    const n = lockNames(this.prefix, key);
+    const reply = await this.call(
+      'acquire',
+      () => ACQUIRE.run(this.client, [n.lock, n.fence], [token, ttl, owner, '', FENCE_RETENTION_MS]),
+      // An acquire that lands after we gave up would hold the key until its ttl: hand it back.
+      (late) => {
+        const r = parseAttempt(late);
+        if (r.ok && r.token === token) RELEASE.run(this.client, [n.lock], [token, n.channel]).catch(() => undefined);
+      },
+    );
+    return parseAttempt(reply);
+  }
+
+  async extend(key: string, token: string, ttl: number): Promise<number | null> {
+    const n = lockNames(this.prefix, key);
+    const left = Number(await this.call('extend', () => EXTEND.run(this.client, [n.lock], [token, ttl])));
+    return left < 0 ? null : left;
+  }
+
+  async release(key: string, token: string): Promise<boolean> {
+    const n = lockNames(this.prefix, key);
+    return (await this.call('release', () => RELEASE.run(this.client, [n.lock], [token, n.channel]))) === 1;
+  }
+
+  listen(key: string, wake: () => void): Promise<() => void> {
+    return this.wakeups.listen(lockNames(this.prefix, key).channel, wake);
+  }
+
+  drift(ttl: number): number {
+    return driftFor(ttl, this.driftFactor);
+  }
+
+  now(): number {
+    return Date.now();
+  }
+
+  close(): void {
+    this.wakeups.close();
+  }
+
+  private async call<T>(what: string, op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
+    try {
+      return await bounded(this.client, this.timeout, op, late);
+    } catch (error) {
+      throw new LockUnavailableError(`lock ${what} failed: ${(error as Error).message}`, { cause: error });
+    }
+  }
+}

@@ -1,0 +1,91 @@
+// Lua for the Redis lock backends (RedisLock and each Redlock node). A lock is a hash {t=token, o=owner, n=holds, f=fence}
+// at the key stem; the last fence handed out lives in `stem:f`, which outlives the lock so fences keep growing.
+import { Script } from '../redis/script.js';
+
+/** Take the lock, re-enter it as the same owner, or report the holder's remaining ms. */
+export const ACQUIRE = new Script(`
+local lockKey = KEYS[1]              -- the lock hash
+local fenceKey = KEYS[2]             -- last fence handed out for this key
+local token = ARGV[1]                -- the new holder's random token
+local ttl = tonumber(ARGV[2])        -- lease time in ms
+local owner = ARGV[3]                -- reentrancy owner, '' for none
+local floor = ARGV[4]                -- lowest acceptable fence, '' to use the server clock in microseconds
+local retention = tonumber(ARGV[5])  -- ms the fence key outlives the lease
+
+local cur = redis.call('HMGET', lockKey, 't', 'o', 'f')
+if cur[1] then
+  -- The same owner nests; our own token means an earlier attempt of ours already landed here (a retry).
+  if (owner ~= '' and cur[2] == owner) or cur[1] == token then
+    if cur[1] ~= token then redis.call('HINCRBY', lockKey, 'n', 1) end
+    local pttl = redis.call('PTTL', lockKey)
+    if pttl < ttl then
+      redis.call('PEXPIRE', lockKey, ttl)
+      pttl = ttl
+    end
+    return {1, cur[1], cur[3], pttl}
+  end
+  return {0, redis.call('PTTL', lockKey)}
+end
+
+local fence
+if floor == '' then
+  local t = redis.call('TIME')
+  fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  fence = tonumber(floor)
+end
+local last = tonumber(redis.call('GET', fenceKey) or '0')
+if fence <= last then fence = last + 1 end
+-- %d keeps all digits; Lua's default number format would round them away.
+local f = string.format('%d', fence)
+redis.call('SET', fenceKey, f, 'PX', ttl + retention)
+redis.call('HSET', lockKey, 't', token, 'o', owner, 'n', 1, 'f', f)
+redis.call('PEXPIRE', lockKey, ttl)
+return {1, token, f, ttl}
+`);
+
+/** Keep the lock at least `ttl` more ms if `token` holds it; the new remaining ms, or -1 when not held. */
+export const EXTEND = new Script(`
+local lockKey = KEYS[1]          -- the lock hash
+local token = ARGV[1]            -- the holder's token
+local ttl = tonumber(ARGV[2])    -- minimum ms left afterwards
+
+if redis.call('HGET', lockKey, 't') ~= token then return -1 end
+local pttl = redis.call('PTTL', lockKey)
+if pttl < ttl then
+  redis.call('PEXPIRE', lockKey, ttl)
+  pttl = ttl
+end
+return pttl
+`);
+
+/** Drop one hold of `token`; at zero, delete the lock and wake waiters. 1 when the token held the lock, else 0. */
+export const RELEASE = new Script(`
+local lockKey = KEYS[1]   -- the lock hash
+local token = ARGV[1]     -- the holder's token
+local channel = ARGV[2]   -- wake-up channel of this key
+
+if redis.call('HGET', lockKey, 't') ~= token then return 0 end
+if redis.call('HINCRBY', lockKey, 'n', -1) > 0 then return 1 end
+redis.call('DEL', lockKey)
+redis.call('PUBLISH', channel, '')
+return 1
+`);
+
+/** Redlock: raise this node's fence to `fence` while `token` holds the lock. 1 when written, 0 when not held. */
+export const RAISE_FENCE = new Script(`
+local lockKey = KEYS[1]              -- the lock hash
+local fenceKey = KEYS[2]             -- last fence handed out for this key
+local token = ARGV[1]                -- the holder's token
+local fence = ARGV[2]                -- the fence agreed by the quorum
+local retention = tonumber(ARGV[3])  -- ms the fence key outlives the lease
+
+if redis.call('HGET', lockKey, 't') ~= token then return 0 end
+local last = tonumber(redis.call('GET', fenceKey) or '0')
+if tonumber(fence) > last then
+  local pttl = redis.call('PTTL', lockKey)
+  redis.call('SET', fenceKey, fence, 'PX', pttl + retention)
+end
+redis.call('HSET', lockKey, 'f', fence)
+return 1
+`);

@@ -1,0 +1,38 @@
+// The small storage interface each lock backend implements; leases, waiting, reentrancy and extension live once, above it.
+
+/** Result of one acquisition attempt. */
+export type AttemptResult =
+  | {
+      readonly ok: true;
+      /** The lock's token: ours, or the existing one when the same owner re-entered. */
+      readonly token: string;
+      readonly fence: number;
+      /** Ms the lock is held for, counted from when the attempt was sent, before drift is taken off. */
+      readonly ttl: number;
+    }
+  | {
+      readonly ok: false;
+      /** Holder's remaining ms when known, else -1. */
+      readonly pttl: number;
+    };
+
+/** What a backend must do. Every method rejects with a {@link LockUnavailableError} when the store cannot answer. */
+export interface LockStore {
+  /** One attempt to take `key` for `ttl` ms with the fresh `token`, or to re-enter it as `owner` (empty: no owner). */
+  attempt(key: string, token: string, owner: string, ttl: number): Promise<AttemptResult>;
+  /** Makes the lock live at least `ttl` more ms if `token` still holds it; the new remaining ms, or null when not held. */
+  extend(key: string, token: string, ttl: number): Promise<number | null>;
+  /** Drops one hold of `token` (the lock is freed at zero holds); whether `token` held the lock. */
+  release(key: string, token: string): Promise<boolean>;
+  /**
+   * Calls `wake` when `key` may have been freed. Resolves once listening is active; rejects if it cannot be set up,
+   * in which case the waiter polls.
+   */
+  listen(key: string, wake: () => void): Promise<() => void>;
+  /** Ms to take off a lease of `ttl` ms for clock drift and rate differences. */
+  drift(ttl: number): number;
+  /** The clock leases are measured with (epoch ms). */
+  now(): number;
+  /** Frees connections and timers. */
+  close(): void;
+}

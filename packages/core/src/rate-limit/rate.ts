@@ -1,0 +1,43 @@
+// Parses rates: a number of tokens per second, or strings like '2/s', '30/min', '100/h', '1000/d', '5/10s', '1/500ms'.
+import { describe } from '../util/validate.js';
+
+const UNIT_MS: Record<string, number> = {
+  ms: 1,
+  s: 1_000,
+  sec: 1_000,
+  second: 1_000,
+  m: 60_000,
+  min: 60_000,
+  minute: 60_000,
+  h: 3_600_000,
+  hr: 3_600_000,
+  hour: 3_600_000,
+  d: 86_400_000,
+  day: 86_400_000,
+};
+
+const RATE = /^\s*(\d+(?:\.\d+)?)\s*\/\s*(\d+(?:\.\d+)?)?\s*([a-z]+)\s*$/i;
+
+/**
+ * Tokens per second from a number or a rate string (`'<tokens>/<unit>'` or `'<tokens>/<n><unit>'`; units ms, s, sec,
+ * second, m, min, minute, h, hr, hour, d, day, optionally plural).
+ * @throws TypeError when `rate` is neither a number nor a string; RangeError when it is not a finite positive rate
+ */
+export function parseRate(rate: unknown, name = 'rate'): number {
+  if (typeof rate === 'number') {
+    if (!Number.isFinite(rate) || rate <= 0) throw new RangeError(`${name} must be a finite number > 0, got ${describe(rate)}`);
+    return rate;
+  }
+  if (typeof rate !== 'string') throw new TypeError(`${name} must be a number or a string like '30/min', got ${describe(rate)}`);
+  const m = RATE.exec(rate);
+  const unit = m?.[3]?.toLowerCase();
+  const unitMs = unit === undefined ? undefined : (UNIT_MS[unit] ?? (unit.endsWith('s') ? UNIT_MS[unit.slice(0, -1)] : undefined));
+  if (!m || unitMs === undefined) {
+    throw new RangeError(`${name} ${describe(rate)} is not a rate: use tokens per second or a string like '2/s', '30/min', '100/h', '1000/d'`);
+  }
+  const tokens = Number(m[1]);
+  const per = (m[2] === undefined ? 1 : Number(m[2])) * unitMs;
+  const perSecond = (tokens * 1_000) / per;
+  if (!Number.isFinite(perSecond) || perSecond <= 0) throw new RangeError(`${name} ${describe(rate)} must be a positive rate`);
+  return perSecond;
+}

@@ -1,0 +1,84 @@
+// TokenBucket: a continuous token bucket per key, in memory or atomically on Redis with the server's clock.
+import { assertClient } from '../lock/redis-lock.js';
+import type { Decision, TokenBucketOptions } from '../types.js';
+import * as v from '../util/validate.js';
+import { type BucketStore, MemoryBucketStore, RedisBucketStore } from './bucket-store.js';
+import { gcraParams } from './gcra.js';
+import { parseRate } from './rate.js';
+
+const OPTIONS = ['capacity', 'rate', 'redis', 'prefix', 'timeout', 'clock'] as const;
+
+/** Defaults of {@link TokenBucket}. */
+export const TOKEN_BUCKET_DEFAULTS = { prefix: 'hasp:tb:', timeout: 2_000 } as const;
+
+/**
+ * A token bucket per key: each key holds up to `capacity` tokens and regains `rate` tokens per second; a bucket starts
+ * full. On Redis each `take` is one script call that reads the server's clock, so app servers with skewed clocks agree,
+ * and a bucket that is full again leaves no key behind.
+ *
+ * @example
+ * ```ts
+ * import { TokenBucket } from '@hasp/core';
+ * const sms = new TokenBucket({ capacity: 3, rate: '3/10min' });
+ * const d = await sms.take('+15551234567');
+ * if (!d.allowed) console.log(`try again in ${Math.ceil(d.retryAfter / 1000)} s`);
+ * ```
+ */
+export class TokenBucket {
+  /** The bucket size. */
+  readonly capacity: number;
+  /** Tokens regained per second. */
+  readonly rate: number;
+  /** The Redis client, when the buckets live in Redis. */
+  readonly redis: TokenBucketOptions['redis'];
+  private readonly store: BucketStore;
+
+  /** @throws TypeError or RangeError naming the option when an option is invalid */
+  constructor(options: TokenBucketOptions) {
+    if (options === null || typeof options !== 'object') {
+      throw new TypeError('TokenBucket options must be an object with capacity and rate');
+    }
+    const o = { ...TOKEN_BUCKET_DEFAULTS, ...v.definedOnly(options) };
+    v.knownKeys('TokenBucket', v.definedOnly(options), OPTIONS);
+    if (o.capacity === undefined) throw new TypeError('capacity is required');
+    if (o.rate === undefined) throw new TypeError('rate is required');
+    this.capacity = v.positiveNumber('capacity', o.capacity);
+    this.rate = parseRate(o.rate);
+    const params = gcraParams(this.capacity, this.rate);
+    const prefix = v.string('prefix', o.prefix);
+    const timeout = v.duration('timeout', o.timeout);
+    if (o.redis !== undefined) {
+      assertClient('redis', o.redis);
+      this.redis = o.redis;
+      this.store = new RedisBucketStore(o.redis, prefix, params, timeout);
+    } else {
+      const clock = o.clock === undefined ? Date.now : v.func<() => number>('clock', o.clock);
+      this.store = new MemoryBucketStore(params, clock);
+    }
+  }
+
+  /**
+   * Takes `cost` tokens from `key`'s bucket if it has them; a denial consumes nothing.
+   * @throws RangeError for an empty key or a cost that is not > 0 or exceeds the capacity;
+   *   {@link RateLimitUnavailableError} when Redis cannot answer
+   */
+  take(key: string, cost = 1): Promise<Decision> {
+    return this.store.take(v.key(key), this.cost(cost), true);
+  }
+
+  /** What {@link TokenBucket.take} would decide now; consumes nothing. */
+  peek(key: string, cost = 1): Promise<Decision> {
+    return this.store.take(v.key(key), this.cost(cost), false);
+  }
+
+  /** Refills `key`'s bucket (e.g. after a successful login). */
+  reset(key: string): Promise<void> {
+    return this.store.reset(v.key(key));
+  }
+
+  private cost(cost: unknown): number {
+    const c = v.positiveNumber('cost', cost);
+    if (c > this.capacity) throw new RangeError(`cost ${c} exceeds the capacity ${this.capacity}: it could never be granted`);
+    return c;
+  }
+}

@@ -1,0 +1,32 @@
+// Maps user keys onto Redis keys that can never escape the prefix, collide, or straddle Cluster hash slots.
+//
+// Every Redis name for user key K is `${prefix}{${encode(K)}}${suffix}`. encode() never emits '}', so the first '}'
+// after the prefix always closes the hash tag: all names of one key share a slot whatever K contains, and no suffix
+// of one key can be forged by another key. encode() is injective: it escapes '%' and '}' and spells out lone UTF-16
+// surrogates, which ioredis would otherwise turn into U+FFFD and so make distinct keys collide.
+
+/** An injective, `}`-free spelling of a user key. */
+export function encodeKey(key: string): string {
+  // Fast path: most keys need no escaping.
+  if (!/[%}\uD800-\uDFFF]/.test(key)) return key;
+  let out = '';
+  for (let i = 0; i < key.length; i++) {
+    const c = key.charCodeAt(i);
+    if (c === 0x25) out += '%25';
+    else if (c === 0x7d) out += '%7D';
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < key.length) {
+      const d = key.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        out += key[i]! + key[i + 1]!;
+        i++;
+      } else out += `%u${c.toString(16)}`;
+    } else if (c >= 0xd800 && c <= 0xdfff) out += `%u${c.toString(16)}`;
+    else out += key[i]!;
+  }
+  return out;
+}
+
+/** The hash-tagged stem shared by every Redis name of `key`. */
+export function keyStem(prefix: string, key: string): string {
+  return `${prefix}{${encodeKey(key)}}`;
+}

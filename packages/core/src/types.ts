@@ -1,0 +1,213 @@
+// Public types of @hasp/core: the Locker contract shared by every backend, and the token bucket's Decision.
+import type { Cluster, Redis } from 'ioredis';
+import type { HaspError } from './errors.js';
+
+/** An ioredis client: a single `Redis` connection or a `Cluster`. */
+export type RedisClient = Redis | Cluster;
+
+/** Per-call options of {@link Locker.acquire} and {@link Locker.tryAcquire}. */
+export interface AcquireOptions {
+  /**
+   * Milliseconds the lock lives without extension.
+   * @default the locker's `ttl` (30_000)
+   */
+  ttl?: number;
+  /**
+   * Milliseconds to keep trying while the key is busy. Waiters are woken when the holder releases
+   * (pub/sub on Redis), with polling only as a fallback.
+   * @default the locker's `wait` (0: fail fast)
+   */
+  wait?: number;
+  /**
+   * Reentrancy: acquiring a key already held by the same owner returns a nested lease on the same lock
+   * (same token and fence). The lock is freed when every nested lease is released.
+   */
+  owner?: string;
+  /** Stops waiting; the pending call rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link Locker.using}. */
+export interface UsingOptions extends AcquireOptions {
+  /**
+   * Extend the lease before it expires for as long as the function runs. When an extension fails for good,
+   * `lease.signal` aborts with a {@link LockLostError} so the function can stop.
+   * @default true
+   */
+  autoExtend?: boolean;
+}
+
+/** A held lock. Obtained from {@link Locker.acquire}, {@link Locker.tryAcquire} or {@link Locker.using}. */
+export interface Lease {
+  /** The key as the caller gave it. */
+  readonly key: string;
+  /** This holder's id: 128 random bits, base64url. Nested leases of one owner share the token. */
+  readonly token: string;
+  /**
+   * Fencing token: every later lease on the same key has a larger fence (on Redlock too). Pass it to the
+   * resource you protect and have the resource reject writes carrying a smaller fence than one it has seen.
+   */
+  readonly fence: number;
+  /** Epoch ms until which the lease is surely held; conservative (round trip and clock drift taken off). */
+  readonly expiresAt: number;
+  /** Aborted when the lease is released, lost, or expires. The reason says which. */
+  readonly signal: AbortSignal;
+  /**
+   * Keeps the lock for at least `ttl` more ms (never shortens it).
+   * @param ttl - defaults to the ttl the lease was acquired with
+   * @throws {@link LockLostError} when the lease is no longer held; {@link LockUnavailableError} when the store cannot answer
+   */
+  extend(ttl?: number): Promise<void>;
+  /**
+   * Releases this lease. Idempotent: resolves `true` when this call released a lease that was still held,
+   * `false` when it was already released or had expired or been lost.
+   * @throws {@link LockUnavailableError} when the store cannot answer (the lock then expires by its ttl); calling again retries
+   */
+  release(): Promise<boolean>;
+}
+
+/** What every locker ({@link RedisLock}, {@link Redlock}, {@link MemoryLock}) offers. Middleware takes any of them. */
+export interface Locker {
+  /**
+   * Acquires `key`, waiting up to `wait` ms while it is busy.
+   * @throws {@link LockBusyError} when still busy after `wait`; {@link LockUnavailableError} when the store fails or has no quorum;
+   *   the signal's reason when `signal` aborts
+   */
+  acquire(key: string, options?: AcquireOptions): Promise<Lease>;
+  /**
+   * Like {@link Locker.acquire}, but resolves `null` instead of throwing when the key is busy.
+   * @throws {@link LockUnavailableError} when the store fails or has no quorum
+   */
+  tryAcquire(key: string, options?: AcquireOptions): Promise<Lease | null>;
+  /**
+   * Acquires `key`, runs `fn`, and releases in `finally` (also when `fn` throws). With `autoExtend` (default) the lease is
+   * extended while `fn` runs; if it is lost, `lease.signal` aborts.
+   */
+  using<T>(key: string, fn: (lease: Lease) => Promise<T>, options?: UsingOptions): Promise<T>;
+}
+
+/** What happened in the background, reported to a locker's `onError` hook. */
+export interface LockErrorEvent {
+  /** `extend`: an auto-extension failed; `release`: a release inside `using` failed; `lost`: a lease was lost. */
+  readonly operation: 'extend' | 'release' | 'lost';
+  /** The key concerned. */
+  readonly key: string;
+  /** The error: a {@link HaspError}. */
+  readonly error: HaspError;
+}
+
+/** Constructor options every locker takes. */
+export interface LockerOptions {
+  /**
+   * Default `ttl` of leases, in ms.
+   * @default 30_000
+   */
+  ttl?: number;
+  /**
+   * Default `wait`, in ms.
+   * @default 0
+   */
+  wait?: number;
+  /**
+   * Called for failures that happen in the background (auto-extension, release inside `using`, a lost lease),
+   * which are never thrown as unhandled rejections.
+   * @default none
+   */
+  onError?: (event: LockErrorEvent) => void;
+}
+
+/** Options of {@link RedisLock}. */
+export interface RedisLockOptions extends LockerOptions {
+  /**
+   * Prefix of every Redis key and channel this locker uses.
+   * @default 'hasp:lock:'
+   */
+  prefix?: string;
+  /**
+   * Milliseconds one Redis round trip may take before the operation fails with {@link LockUnavailableError}.
+   * While the client is reconnecting, operations fail at once instead of queueing.
+   * @default 2_000
+   */
+  timeout?: number;
+}
+
+/** Options of {@link Redlock}. */
+export interface RedlockOptions extends RedisLockOptions {
+  /**
+   * Share of the ttl taken off a lease's validity for clock drift between nodes: drift = ttl × driftFactor + 2 ms.
+   * @default 0.01
+   */
+  driftFactor?: number;
+  /**
+   * Number of nodes that must agree.
+   * @default Math.floor(N / 2) + 1
+   */
+  quorum?: number;
+  /**
+   * Milliseconds one node may take to answer before it counts as failed for this attempt. Kept far below the ttl.
+   * @default min(timeout, max(10, ttl / 100)) per attempt
+   */
+  nodeTimeout?: number;
+  /**
+   * Further attempts after an attempt failed for lack of quorum because nodes were down or slow
+   * (busy keys are retried within `wait` instead).
+   * @default 2
+   */
+  retryCount?: number;
+  /**
+   * Base delay in ms before such a retry; a random jitter of up to the same amount is added.
+   * @default 50
+   */
+  retryDelay?: number;
+}
+
+/** Options of {@link MemoryLock}. */
+export interface MemoryLockOptions extends LockerOptions {
+  /**
+   * Clock in epoch ms; injectable so tests can move time without sleeping.
+   * @default Date.now
+   */
+  clock?: () => number;
+}
+
+/** The outcome of {@link TokenBucket.take} and {@link TokenBucket.peek}. A denial is a value, not an exception. */
+export interface Decision {
+  /** Whether `cost` tokens were (take) or would be (peek) granted. */
+  allowed: boolean;
+  /** The bucket's capacity. */
+  limit: number;
+  /** Whole tokens left after this decision. */
+  remaining: number;
+  /** Ms until `cost` tokens are there; 0 when allowed. */
+  retryAfter: number;
+  /** Ms until the bucket is full again. */
+  resetAfter: number;
+}
+
+/** Options of {@link TokenBucket}. */
+export interface TokenBucketOptions {
+  /** Bucket size: the most tokens a key can hold (and so the largest burst). Must be > 0. */
+  capacity: number;
+  /** Refill rate: tokens per second, or a string such as `'2/s'`, `'30/min'`, `'100/h'`, `'1000/d'`, `'5/10s'`. */
+  rate: number | string;
+  /**
+   * Where buckets live. Absent: in memory, for this process only.
+   * @default none (in-memory)
+   */
+  redis?: RedisClient;
+  /**
+   * Prefix of every Redis key.
+   * @default 'hasp:tb:'
+   */
+  prefix?: string;
+  /**
+   * Milliseconds one Redis round trip may take before `take` rejects. While the client is reconnecting, calls fail at once.
+   * @default 2_000
+   */
+  timeout?: number;
+  /**
+   * Clock of the in-memory store in epoch ms (ignored with `redis`, which uses the Redis server's clock).
+   * @default Date.now
+   */
+  clock?: () => number;
+}

@@ -1,0 +1,74 @@
+// Option validation shared by every constructor: fail at start-up, naming the option.
+
+/** Drops keys whose value is `undefined`, so spreading over defaults keeps the defaults. */
+export function definedOnly<T extends object>(options: T | undefined): Partial<T> {
+  const out: Partial<T> = {};
+  if (options === undefined || options === null) return out;
+  if (typeof options !== 'object') throw new TypeError(`options must be an object, got ${describe(options)}`);
+  for (const [k, v] of Object.entries(options)) {
+    if (v !== undefined) (out as Record<string, unknown>)[k] = v;
+  }
+  return out;
+}
+
+export function describe(value: unknown): string {
+  if (value === null) return 'null';
+  if (typeof value === 'string') return `"${value.length > 40 ? `${value.slice(0, 37)}...` : value}"`;
+  if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') return String(value);
+  if (typeof value === 'function') return 'a function';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value;
+}
+
+/** A finite number > 0 (or >= 0 with `allowZero`). */
+export function positiveNumber(name: string, value: unknown, allowZero = false): number {
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
+  if (!Number.isFinite(value) || (allowZero ? value < 0 : value <= 0)) {
+    throw new RangeError(`${name} must be a finite number ${allowZero ? '>= 0' : '> 0'}, got ${describe(value)}`);
+  }
+  return value;
+}
+
+/** A whole number of milliseconds, > 0 (or >= 0 with `allowZero`), at most `max`. */
+export function duration(name: string, value: unknown, allowZero = false, max = 2 ** 31 - 1): number {
+  positiveNumber(name, value, allowZero);
+  const n = value as number;
+  if (!Number.isInteger(n)) throw new RangeError(`${name} must be a whole number of milliseconds, got ${n}`);
+  if (n > max) throw new RangeError(`${name} must be at most ${max} ms, got ${n}`);
+  return n;
+}
+
+export function boolean(name: string, value: unknown): boolean {
+  if (typeof value !== 'boolean') throw new TypeError(`${name} must be a boolean, got ${describe(value)}`);
+  return value;
+}
+
+export function string(name: string, value: unknown, allowEmpty = true): string {
+  if (typeof value !== 'string') throw new TypeError(`${name} must be a string, got ${describe(value)}`);
+  if (!allowEmpty && value.length === 0) throw new RangeError(`${name} must not be empty`);
+  return value;
+}
+
+export function func<F>(name: string, value: unknown): F {
+  if (typeof value !== 'function') throw new TypeError(`${name} must be a function, got ${describe(value)}`);
+  return value as F;
+}
+
+/** Lock and bucket keys: any non-empty string. */
+export function key(value: unknown): string {
+  return string('key', value, false);
+}
+
+/** Rejects option names the caller misspelled, so `{ ttl: 5000, wiat: 100 }` fails loudly. */
+export function knownKeys(where: string, options: object, allowed: readonly string[]): void {
+  for (const k of Object.keys(options)) {
+    if (!allowed.includes(k)) {
+      throw new TypeError(`${where}: unknown option "${k}" (expected one of: ${allowed.join(', ')})`);
+    }
+  }
+}
+
+export function signal(name: string, value: unknown): AbortSignal {
+  if (!(value instanceof AbortSignal)) throw new TypeError(`${name} must be an AbortSignal, got ${describe(value)}`);
+  return value;
+}
