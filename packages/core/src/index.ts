@@ -3,6 +3,7 @@ export { HaspError, LockBusyError, LockLostError, LockUnavailableError, RateLimi
 export type { HaspErrorCode } from './errors.js';
 export { MemoryLock } from './lock/memory-lock.js';
 export { RedisLock } from './lock/redis-lock.js';
+export { Redlock } from './lock/redlock.js';
 export { TokenBucket } from './rate-limit/token-bucket.js';
 export { parseRate } from './rate-limit/rate.js';
 export type {

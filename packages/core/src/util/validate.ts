@@ -72,3 +72,10 @@ export function signal(name: string, value: unknown): AbortSignal {
   if (!(value instanceof AbortSignal)) throw new TypeError(`${name} must be an AbortSignal, got ${describe(value)}`);
   return value;
 }
+
+/** A whole number >= `min`. */
+export function integer(name: string, value: unknown, min: number): number {
+  if (typeof value !== 'number') throw new TypeError(`${name} must be a number, got ${describe(value)}`);
+  if (!Number.isInteger(value) || value < min) throw new RangeError(`${name} must be a whole number >= ${min}, got ${describe(value)}`);
+  return value;
+}
