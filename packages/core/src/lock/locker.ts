@@ -106,12 +106,18 @@ export abstract class BaseLocker implements Locker {
     let wake: (() => void) | undefined;
     // Set by a wake-up that arrives while no sleep is pending, so it is not lost.
     let woken = false;
+    // Waiters queue for the lock (fair hand-off); whoever leaves without it must leave the line too.
+    const queue = o.wait > 0;
+    let acquired = false;
     try {
       for (;;) {
         woken = false;
         const started = this.store.now();
-        const result: AttemptResult = await this.store.attempt(key, token, o.owner, o.ttl);
-        if (result.ok) return this.lease(key, result, started, o.ttl);
+        const result: AttemptResult = await this.store.attempt(key, token, o.owner, o.ttl, queue);
+        if (result.ok) {
+          acquired = true;
+          return this.lease(key, result, started, o.ttl);
+        }
         const left = deadline - this.store.now();
         if (left <= 0) return result;
         o.signal?.throwIfAborted();
@@ -119,7 +125,9 @@ export abstract class BaseLocker implements Locker {
           // Subscribe, then try again at once: a release between our attempt and the subscription is not missed.
           listening = true;
           try {
-            stopListening = await this.store.listen(key, () => {
+            stopListening = await this.store.listen(key, (next) => {
+              // A release names the waiter it is handed to; the others keep sleeping.
+              if (next !== '' && next !== token) return;
               woken = true;
               wake?.();
             });
@@ -155,6 +163,7 @@ export abstract class BaseLocker implements Locker {
       }
     } finally {
       stopListening?.();
+      if (queue && !acquired) this.store.leave(key, token).catch(() => undefined);
     }
   }
 

@@ -1,4 +1,5 @@
 // LockStore in this process's memory: the embedded default, and the reference the Redis backends are tested against.
+import { QUEUE_HEARTBEAT_MS } from './redis-store.js';
 import type { AttemptResult, LockStore } from './store.js';
 
 interface Held {
@@ -11,7 +12,9 @@ interface Held {
 
 export class MemoryLockStore implements LockStore {
   private readonly locks = new Map<string, Held>();
-  private readonly listeners = new Map<string, Set<() => void>>();
+  private readonly listeners = new Map<string, Set<(next: string) => void>>();
+  // Waiting lines, as in the Redis backend: token → heartbeat deadline, in arrival order.
+  private readonly queues = new Map<string, Map<string, number>>();
   // One counter for every key: strictly increasing per key, and no per-key state to keep after release.
   private lastFence = 0;
   // Walks the map a little on every attempt so expired, never-released locks do not pile up.
@@ -19,7 +22,7 @@ export class MemoryLockStore implements LockStore {
 
   constructor(private readonly clock: () => number) {}
 
-  attempt(key: string, token: string, owner: string, ttl: number): Promise<AttemptResult> {
+  attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
     this.sweep();
     const now = this.clock();
     const cur = this.live(key, now);
@@ -29,8 +32,15 @@ export class MemoryLockStore implements LockStore {
         cur.expiresAt = Math.max(cur.expiresAt, now + ttl);
         return Promise.resolve({ ok: true, token: cur.token, fence: cur.fence, ttl: cur.expiresAt - now });
       }
+      if (queue) this.join(key, token, now);
       return Promise.resolve({ ok: false, pttl: cur.expiresAt - now });
     }
+    const head = this.firstLive(key, now);
+    if (head !== undefined && head !== token) {
+      if (queue) this.join(key, token, now);
+      return Promise.resolve({ ok: false, pttl: -1 });
+    }
+    if (head !== undefined) this.dequeue(key, token);
     const fence = ++this.lastFence;
     this.locks.set(key, { token, owner, holds: 1, fence, expiresAt: now + ttl });
     return Promise.resolve({ ok: true, token, fence, ttl });
@@ -49,12 +59,19 @@ export class MemoryLockStore implements LockStore {
     if (!cur || cur.token !== token) return Promise.resolve(false);
     if (--cur.holds > 0) return Promise.resolve(true);
     this.locks.delete(key);
-    const set = this.listeners.get(key);
-    if (set) for (const wake of [...set]) wake();
+    this.wake(key, this.firstLive(key, this.clock()) ?? '');
     return Promise.resolve(true);
   }
 
-  listen(key: string, wake: () => void): Promise<() => void> {
+  leave(key: string, token: string): Promise<void> {
+    if (this.dequeue(key, token) && !this.live(key, this.clock())) {
+      const head = this.firstLive(key, this.clock());
+      if (head !== undefined) this.wake(key, head);
+    }
+    return Promise.resolve();
+  }
+
+  listen(key: string, wake: (next: string) => void): Promise<() => void> {
     let set = this.listeners.get(key);
     if (!set) {
       set = new Set();
@@ -77,11 +94,44 @@ export class MemoryLockStore implements LockStore {
 
   close(): void {
     this.listeners.clear();
+    this.queues.clear();
   }
 
   /** Number of locks currently stored (for tests of bounded memory). */
   get size(): number {
     return this.locks.size;
+  }
+
+  private wake(key: string, next: string): void {
+    const set = this.listeners.get(key);
+    if (set) for (const wake of [...set]) wake(next);
+  }
+
+  private join(key: string, token: string, now: number): void {
+    let q = this.queues.get(key);
+    if (!q) {
+      q = new Map();
+      this.queues.set(key, q);
+    }
+    q.set(token, now + QUEUE_HEARTBEAT_MS);
+  }
+
+  private dequeue(key: string, token: string): boolean {
+    const q = this.queues.get(key);
+    if (!q?.delete(token)) return false;
+    if (q.size === 0) this.queues.delete(key);
+    return true;
+  }
+
+  private firstLive(key: string, now: number): string | undefined {
+    const q = this.queues.get(key);
+    if (!q) return undefined;
+    for (const [token, deadline] of q) {
+      if (deadline > now) return token;
+      q.delete(token);
+    }
+    this.queues.delete(key);
+    return undefined;
   }
 
   private live(key: string, now: number): Held | undefined {

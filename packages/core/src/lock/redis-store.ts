@@ -4,11 +4,17 @@ import { bounded } from '../redis/call.js';
 import { keyStem } from '../redis/keys.js';
 import { Wakeups } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
-import { ACQUIRE, EXTEND, RELEASE } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, LEAVE, RELEASE } from './scripts.lua.js';
 import type { AttemptResult, LockStore } from './store.js';
 
 /** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
 export const FENCE_RETENTION_MS = 3_600_000;
+
+/**
+ * Ms a queued waiter stays in line without re-attempting. Waiters re-attempt at least every second (the polling
+ * fallback), so only a waiter that crashed or went away drops out, after at most this long.
+ */
+export const QUEUE_HEARTBEAT_MS = 3_000;
 
 /** Drift allowance shared by the Redis backends: ttl × factor + 2 ms. */
 export function driftFor(ttl: number, factor: number): number {
@@ -16,9 +22,17 @@ export function driftFor(ttl: number, factor: number): number {
 }
 
 /** Redis names of one lock key. */
-export function lockNames(prefix: string, key: string): { lock: string; fence: string; channel: string } {
+export function lockNames(prefix: string, key: string): LockNames {
   const stem = keyStem(prefix, key);
-  return { lock: stem, fence: `${stem}:f`, channel: `${stem}:w` };
+  return { lock: stem, fence: `${stem}:f`, queue: `${stem}:q`, deadlines: `${stem}:d`, channel: `${stem}:w` };
+}
+
+export interface LockNames {
+  lock: string;
+  fence: string;
+  queue: string;
+  deadlines: string;
+  channel: string;
 }
 
 /** Parses the ACQUIRE script's reply. */
@@ -40,18 +54,28 @@ export class RedisLockStore implements LockStore {
     this.wakeups = new Wakeups(client, timeout);
   }
 
-  async attempt(key: string, token: string, owner: string, ttl: number): Promise<AttemptResult> {
+  async attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
     const n = lockNames(this.prefix, key);
     const reply = await this.call(
       'acquire',
-      () => ACQUIRE.run(this.client, [n.lock, n.fence], [token, ttl, owner, '', FENCE_RETENTION_MS]),
+      () =>
+        ACQUIRE.run(
+          this.client,
+          [n.lock, n.fence, n.queue, n.deadlines],
+          [token, ttl, owner, '', FENCE_RETENTION_MS, queue ? '1' : '0', QUEUE_HEARTBEAT_MS],
+        ),
       // An acquire that lands after we gave up would hold the key until its ttl: hand it back.
       (late) => {
         const r = parseAttempt(late);
-        if (r.ok && r.token === token) RELEASE.run(this.client, [n.lock], [token, n.channel]).catch(() => undefined);
+        if (r.ok && r.token === token) this.releaseScript(n, token).catch(() => undefined);
       },
     );
     return parseAttempt(reply);
+  }
+
+  async leave(key: string, token: string): Promise<void> {
+    const n = lockNames(this.prefix, key);
+    await this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token, n.channel]));
   }
 
   async extend(key: string, token: string, ttl: number): Promise<number | null> {
@@ -62,10 +86,10 @@ export class RedisLockStore implements LockStore {
 
   async release(key: string, token: string): Promise<boolean> {
     const n = lockNames(this.prefix, key);
-    return (await this.call('release', () => RELEASE.run(this.client, [n.lock], [token, n.channel]))) === 1;
+    return (await this.call('release', () => this.releaseScript(n, token))) === 1;
   }
 
-  listen(key: string, wake: () => void): Promise<() => void> {
+  listen(key: string, wake: (next: string) => void): Promise<() => void> {
     return this.wakeups.listen(lockNames(this.prefix, key).channel, wake);
   }
 
@@ -79,6 +103,10 @@ export class RedisLockStore implements LockStore {
 
   close(): void {
     this.wakeups.close();
+  }
+
+  private releaseScript(n: LockNames, token: string): Promise<unknown> {
+    return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token, n.channel, '1']);
   }
 
   private async call<T>(what: string, op: () => Promise<T>, late?: (result: T) => void): Promise<T> {

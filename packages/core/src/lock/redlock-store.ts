@@ -39,6 +39,7 @@ export class RedlockStore implements LockStore {
     this.wakeups = clients.map((c) => new Wakeups(c, s.timeout));
   }
 
+  // Redlock keeps no waiting line: per-node lines could order waiters differently and split every vote.
   async attempt(key: string, token: string, owner: string, ttl: number): Promise<AttemptResult> {
     for (let retry = 0; ; retry++) {
       const result = await this.attemptOnce(key, token, owner, ttl);
@@ -46,6 +47,10 @@ export class RedlockStore implements LockStore {
       if (retry >= this.s.retryCount) throw result;
       await delay(this.s.retryDelay + Math.random() * this.s.retryDelay);
     }
+  }
+
+  leave(): Promise<void> {
+    return Promise.resolve();
   }
 
   async extend(key: string, token: string, ttl: number): Promise<number | null> {
@@ -67,7 +72,7 @@ export class RedlockStore implements LockStore {
     const n = lockNames(this.s.prefix, key);
     // Release goes to every node, including those that never answered the acquire, and waits for all (bounded).
     const outcomes = await gather(
-      this.clients.map((c) => bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock], [token, n.channel]).then(Number))),
+      this.clients.map((c) => bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']).then(Number))),
       () => false,
     );
     const answered = values(outcomes);
@@ -75,7 +80,7 @@ export class RedlockStore implements LockStore {
     return count(outcomes, (v) => v === 1) >= this.s.quorum;
   }
 
-  async listen(key: string, wake: () => void): Promise<() => void> {
+  async listen(key: string, wake: (next: string) => void): Promise<() => void> {
     const channel = lockNames(this.s.prefix, key).channel;
     const stops: (() => void)[] = [];
     let stopped = false;
@@ -116,7 +121,7 @@ export class RedlockStore implements LockStore {
     const handBack = (c: RedisClient) => (late: unknown) => {
       const r = parseAttempt(late);
       if (r.ok && r.token === token && !this.live.has(token)) {
-        RELEASE.run(c, [n.lock], [token, n.channel]).catch(() => undefined);
+        RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']).catch(() => undefined);
       }
     };
     const outcomes = await gather(
@@ -124,7 +129,7 @@ export class RedlockStore implements LockStore {
         bounded(
           c,
           timeout,
-          () => ACQUIRE.run(c, [n.lock, n.fence], [token, ttl, owner, floor, FENCE_RETENTION_MS]).then(parseAttempt),
+          () => ACQUIRE.run(c, [n.lock, n.fence, n.queue, n.deadlines], [token, ttl, owner, floor, FENCE_RETENTION_MS, '', 0]).then(parseAttempt),
           handBack(c),
         ),
       ),
@@ -199,7 +204,7 @@ export class RedlockStore implements LockStore {
     await Promise.allSettled(
       this.clients.map((c, i) => {
         const t = grants[i]?.token ?? token;
-        return bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock], [t, n.channel]));
+        return bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [t, n.channel, '']));
       }),
     );
   }

@@ -18,17 +18,23 @@ export type AttemptResult =
 
 /** What a backend must do. Every method rejects with a {@link LockUnavailableError} when the store cannot answer. */
 export interface LockStore {
-  /** One attempt to take `key` for `ttl` ms with the fresh `token`, or to re-enter it as `owner` (empty: no owner). */
-  attempt(key: string, token: string, owner: string, ttl: number): Promise<AttemptResult>;
+  /**
+   * One attempt to take `key` for `ttl` ms with the fresh `token`, or to re-enter it as `owner` (empty: no owner).
+   * With `queue`, a refused caller joins the key's waiting line (backends that keep one), so locks are handed over
+   * in arrival order instead of to whoever asks first after a release.
+   */
+  attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult>;
+  /** A queued waiter gives up: leave the line (best effort). */
+  leave(key: string, token: string): Promise<void>;
   /** Makes the lock live at least `ttl` more ms if `token` still holds it; the new remaining ms, or null when not held. */
   extend(key: string, token: string, ttl: number): Promise<number | null>;
   /** Drops one hold of `token` (the lock is freed at zero holds); whether `token` held the lock. */
   release(key: string, token: string): Promise<boolean>;
   /**
-   * Calls `wake` when `key` may have been freed. Resolves once listening is active; rejects if it cannot be set up,
+   * Calls `wake` when `key` may have been freed, with the token of the waiter it was handed to ('' when anyone may try). Resolves once listening is active; rejects if it cannot be set up,
    * in which case the waiter polls.
    */
-  listen(key: string, wake: () => void): Promise<() => void>;
+  listen(key: string, wake: (next: string) => void): Promise<() => void>;
   /** Ms to take off a lease of `ttl` ms for clock drift and rate differences. */
   drift(ttl: number): number;
   /** The clock leases are measured with (epoch ms). */

@@ -1,17 +1,26 @@
 // One shared subscriber connection per Redis client, so waiters hear a release at once instead of polling.
-// Subscriptions are reference-counted per channel; the connection is opened on first use, closed after a short
-// idle spell, and closed for good when the user's client ends, so it never keeps a process alive on its own.
+// Channels stay subscribed for a short linger after their last waiter leaves, so a hot key's waiters do not pay a
+// SUBSCRIBE round trip each time; the connection is opened on first use, closed after an idle spell, and closed for
+// good when the user's client ends, so it never keeps a process alive on its own.
 import type { RedisClient } from '../types.js';
 import { bounded } from './call.js';
 
-type Listener = () => void;
+type Listener = (message: string) => void;
 
+interface Channel {
+  readonly listeners: Set<Listener>;
+  /** Settles when the server confirmed the subscription; undefined until asked (or after a failure). */
+  ready: Promise<unknown> | undefined;
+  linger: NodeJS.Timeout | undefined;
+}
+
+const LINGER_MS = 2_000;
 const IDLE_CLOSE_MS = 5_000;
 
 /** Pub/sub wake-ups for one user client. */
 export class Wakeups {
   private subscriber: RedisClient | undefined;
-  private readonly listeners = new Map<string, Set<Listener>>();
+  private readonly channels = new Map<string, Channel>();
   private idleTimer: NodeJS.Timeout | undefined;
   private closed = false;
   private readonly onClientEnd = () => this.close();
@@ -24,25 +33,31 @@ export class Wakeups {
   }
 
   /**
-   * Calls `listener` whenever a message arrives on `channel`. Resolves once the server has confirmed the subscription,
-   * so a release published after that cannot be missed. Rejects when the subscription cannot be made in time; callers
-   * then fall back to polling.
+   * Calls `listener` with each message on `channel`. Resolves once the server has confirmed the subscription, so a
+   * release published after that cannot be missed. Rejects when the subscription cannot be made in time; callers then
+   * fall back to polling.
    */
   async listen(channel: string, listener: Listener): Promise<() => void> {
     if (this.closed) throw new Error('wake-ups closed');
     const sub = this.connection();
-    let set = this.listeners.get(channel);
-    if (set === undefined) {
-      set = new Set();
-      this.listeners.set(channel, set);
+    let ch = this.channels.get(channel);
+    if (ch === undefined) {
+      ch = { listeners: new Set(), ready: undefined, linger: undefined };
+      this.channels.set(channel, ch);
     }
-    set.add(listener);
+    if (ch.linger) {
+      clearTimeout(ch.linger);
+      ch.linger = undefined;
+    }
+    ch.listeners.add(listener);
     const stop = () => this.unlisten(channel, listener);
+    const state = ch;
+    state.ready ??= bounded(sub, this.timeout, () => sub.subscribe(channel));
+    const ready = state.ready;
     try {
-      // Always await a SUBSCRIBE round trip, even when the channel is already subscribed: the reply proves the
-      // earlier SUBSCRIBE is active too (replies arrive in order).
-      await bounded(sub, this.timeout, () => sub.subscribe(channel));
+      await ready;
     } catch (error) {
+      if (state.ready === ready) state.ready = undefined; // the next waiter tries again
       stop();
       throw error;
     }
@@ -55,7 +70,8 @@ export class Wakeups {
     this.client.off('end', this.onClientEnd);
     if (this.idleTimer) clearTimeout(this.idleTimer);
     this.idleTimer = undefined;
-    this.listeners.clear();
+    for (const ch of this.channels.values()) if (ch.linger) clearTimeout(ch.linger);
+    this.channels.clear();
     this.subscriber?.disconnect();
     this.subscriber = undefined;
   }
@@ -71,37 +87,41 @@ export class Wakeups {
     sub.on('error', () => {
       // Connection errors surface as failed/slow wake-ups and the waiters' polling fallback; nothing to report here.
     });
-    sub.on('message', (channel: string) => this.deliver(channel));
-    sub.on('smessage', (channel: string) => this.deliver(channel));
+    sub.on('message', (channel: string, message: string) => this.deliver(channel, message));
+    sub.on('smessage', (channel: string, message: string) => this.deliver(channel, message));
     this.subscriber = sub;
     return sub;
   }
 
-  private deliver(channel: string): void {
-    const set = this.listeners.get(channel);
-    if (!set) return;
-    for (const listener of [...set]) listener();
+  private deliver(channel: string, message: string): void {
+    const ch = this.channels.get(channel);
+    if (!ch) return;
+    for (const listener of [...ch.listeners]) listener(message);
   }
 
   private unlisten(channel: string, listener: Listener): void {
-    const set = this.listeners.get(channel);
-    if (!set?.delete(listener)) return;
-    if (set.size > 0) return;
-    this.listeners.delete(channel);
+    const ch = this.channels.get(channel);
+    if (!ch?.listeners.delete(listener) || ch.listeners.size > 0) return;
+    ch.linger = setTimeout(() => {
+      if (ch.listeners.size > 0 || this.channels.get(channel) !== ch) return;
+      this.channels.delete(channel);
+      this.subscriber?.unsubscribe(channel).catch(() => {
+        // A failed UNSUBSCRIBE only leaves a harmless subscription behind; the idle close removes it.
+      });
+      if (this.channels.size === 0) this.scheduleIdleClose();
+    }, LINGER_MS);
+    ch.linger.unref();
+  }
+
+  private scheduleIdleClose(): void {
     const sub = this.subscriber;
-    if (!sub) return;
-    sub.unsubscribe(channel).catch(() => {
-      // A failed UNSUBSCRIBE only leaves a harmless subscription behind; the idle close removes it.
-    });
-    if (this.listeners.size === 0) {
-      this.idleTimer = setTimeout(() => {
-        this.idleTimer = undefined;
-        if (this.listeners.size === 0 && this.subscriber === sub) {
-          this.subscriber = undefined;
-          sub.disconnect();
-        }
-      }, IDLE_CLOSE_MS);
-      this.idleTimer.unref();
-    }
+    this.idleTimer = setTimeout(() => {
+      this.idleTimer = undefined;
+      if (this.channels.size === 0 && this.subscriber === sub) {
+        this.subscriber = undefined;
+        sub?.disconnect();
+      }
+    }, IDLE_CLOSE_MS);
+    this.idleTimer.unref();
   }
 }
