@@ -1,2 +1,31 @@
-// Helpers shared by the HTTP adapters (@hasp/express, @hasp/koa).
-export {};
+// @hasp/core/http: what the HTTP adapters (@hasp/express, @hasp/koa) share, so they stay thin and cannot drift apart:
+// option resolution, keys, the RateLimit field serializer, HTTP errors, the store-error policy and the lock lifecycle.
+// For adapter authors; applications import @hasp/express or @hasp/koa.
+export { clientIpKey, parseIPv6, UNKNOWN_CLIENT } from './client-ip.js';
+export {
+  invalidInputError,
+  lockBusyError,
+  lockUnavailableError,
+  rateLimitedError,
+  rateLimitUnavailableError,
+} from './errors.js';
+export type { HttpErrorCode, MiddlewareHttpError } from './errors.js';
+export {
+  appendListMember,
+  POLICY_FIELD,
+  RATELIMIT_FIELD,
+  RateLimitFields,
+  RETRY_AFTER_FIELD,
+  retryAfterSeconds,
+  sfInteger,
+  sfString,
+} from './fields.js';
+export { callCost, callKey } from './inputs.js';
+export type { CostFunction, KeyFunction } from './inputs.js';
+export { holdLock, httpLockError, LockGuard, lockerFor, requestOwner } from './lock-guard.js';
+export type { HeldLock, WithLockBaseOptions } from './lock-guard.js';
+export { checkOptionNames, optionErrors } from './options.js';
+export { MIDDLEWARE_BUCKET_PREFIX, RateLimiter } from './rate-limiter.js';
+export type { HeaderTarget, RateLimitBaseOptions, StoreErrorPolicy } from './rate-limiter.js';
+export { isStoreError, PROBE_INTERVAL_MS, StoreGuard, storeGuard } from './store-guard.js';
+export type { BucketLike } from './store-guard.js';

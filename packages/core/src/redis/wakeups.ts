@@ -52,7 +52,12 @@ export class Wakeups {
     ch.listeners.add(listener);
     const stop = () => this.unlisten(channel, listener);
     const state = ch;
-    state.ready ??= bounded(sub, this.timeout, () => sub.subscribe(channel));
+    // SUBSCRIBE only once the connection is ready: sent during ioredis's handshake, it puts the connection into
+    // subscriber mode before the ready check's INFO, which then throws from inside ioredis's event handler.
+    state.ready ??= bounded(sub, this.timeout, async () => {
+      await whenReady(sub);
+      return sub.subscribe(channel);
+    });
     const ready = state.ready;
     try {
       await ready;
@@ -124,4 +129,10 @@ export class Wakeups {
     }, IDLE_CLOSE_MS);
     this.idleTimer.unref();
   }
+}
+
+/** Resolves once `client` is ready for commands; never rejects (the caller's bound decides how long to wait). */
+function whenReady(client: RedisClient): Promise<void> {
+  if (client.status === 'ready') return Promise.resolve();
+  return new Promise((resolve) => client.once('ready', () => resolve()));
 }

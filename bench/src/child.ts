@@ -1,0 +1,54 @@
+// Entry point of every forked benchmark process: receives one job over IPC, runs it, answers, and exits.
+import { type HttpServerJob, startServer } from './http/apps.js';
+import { type LoadJob, runLoad } from './http/load.js';
+import { type LockJob, runContended, runUncontended } from './locks/run.js';
+import { runHeap, runRedisMemory } from './memory.js';
+
+type Job =
+  | ({ kind: 'uncontended' } & LockJob)
+  | ({ kind: 'contended' } & LockJob)
+  | ({ kind: 'http-server' } & HttpServerJob)
+  | ({ kind: 'load' } & LoadJob)
+  | { kind: 'redis-memory'; port: number }
+  | { kind: 'heap'; requests: number; keys: number; adapters: string[] };
+
+function send(message: object): Promise<void> {
+  return new Promise((resolve) => process.send!(message, () => resolve()));
+}
+
+async function handle(job: Job): Promise<void> {
+  switch (job.kind) {
+    case 'uncontended':
+      return answer(await runUncontended(job));
+    case 'contended':
+      return answer(await runContended(job));
+    case 'load':
+      return answer(await runLoad(job));
+    case 'redis-memory':
+      return answer(await runRedisMemory(job));
+    case 'heap':
+      return answer(await runHeap(job));
+    case 'http-server': {
+      const server = await startServer(job);
+      await send({ type: 'ready', data: { port: server.port } });
+      // Stays up until the parent ends it (SIGTERM).
+      process.once('SIGTERM', () => {
+        void server.close().finally(() => process.exit(0));
+      });
+      return;
+    }
+  }
+}
+
+async function answer(data: unknown): Promise<void> {
+  await send({ type: 'result', data });
+  // Open sockets, lingering lock timers and subscriber connections are dropped with the process.
+  process.exit(0);
+}
+
+process.once('message', (job: Job) => {
+  handle(job).catch(async (error: unknown) => {
+    await send({ type: 'error', message: error instanceof Error ? (error.stack ?? error.message) : String(error) });
+    process.exit(1);
+  });
+});

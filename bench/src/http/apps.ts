@@ -1,0 +1,160 @@
+// The HTTP server side, run in its own forked child: an Express or Koa app with one limiter (or lock) in front of a
+// handler that answers "ok". Every variant keys on the `x-key` request header, uses one ioredis client on the same
+// Redis, and keeps its library's default response headers.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import express, { type ErrorRequestHandler, type RequestHandler } from 'express';
+import { rateLimit as erlRateLimit } from 'express-rate-limit';
+import { Redis } from 'ioredis';
+import Koa, { type Middleware } from 'koa';
+import koaRatelimit from 'koa-ratelimit';
+import { RedisStore, type RedisReply } from 'rate-limit-redis';
+import { RateLimiterRedis } from 'rate-limiter-flexible';
+
+export type Framework = 'express' | 'koa';
+export type HttpVariant = 'bare' | 'hasp' | 'erl' | 'rlf' | 'koa-ratelimit' | 'hasp-lock';
+export type Regime = 'allowed' | 'flooded';
+
+export interface HttpServerJob {
+  framework: Framework;
+  variant: HttpVariant;
+  regime: Regime;
+  redisPort: number;
+}
+
+/** Per-key limits: `allowed` never limits anyone; `flooded` lets 100 requests a minute through for the one key. */
+export const LIMITS: Record<Regime, { capacity: number; perMinute: number }> = {
+  allowed: { capacity: 1_000_000, perMinute: 1_000_000 },
+  flooded: { capacity: 100, perMinute: 100 },
+};
+
+/** What the benchmark needs from @hasp/express and @hasp/koa (SPEC.md "Middleware"). */
+interface HaspAdapter {
+  rateLimit(options: { capacity: number; rate: string; redis: Redis; key: (reqOrCtx: never) => string | undefined }): unknown;
+  withLock(key: (reqOrCtx: never) => string | undefined, options: { redis: Redis }): unknown;
+}
+
+/** Loads a hasp adapter by name without a static import, so the bench builds and typechecks before they exist. */
+export async function loadAdapter(framework: Framework): Promise<HaspAdapter> {
+  const name = `@hasp/${framework}`;
+  return (await import(name)) as HaspAdapter;
+}
+
+const header = (h: http.IncomingHttpHeaders): string | undefined => h['x-key'] as string | undefined;
+
+export async function startServer(job: HttpServerJob): Promise<{ port: number; close(): Promise<void> }> {
+  const redis = new Redis({ port: job.redisPort, host: '127.0.0.1' });
+  await redis.ping();
+  const { capacity, perMinute } = LIMITS[job.regime];
+  const handler = job.framework === 'express' ? await expressApp(job, redis, capacity, perMinute) : await koaApp(job, redis, capacity, perMinute);
+  const server = http.createServer(handler);
+  server.keepAliveTimeout = 60_000;
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    port: (server.address() as AddressInfo).port,
+    close: async () => {
+      server.closeAllConnections();
+      await new Promise((r) => server.close(r));
+      redis.disconnect();
+    },
+  };
+}
+
+async function expressApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: number): Promise<http.RequestListener> {
+  const app = express();
+  let mw: RequestHandler | undefined;
+  switch (job.variant) {
+    case 'bare':
+      break;
+    case 'hasp':
+      mw = (await loadAdapter('express')).rateLimit({ capacity, rate: `${perMinute}/min`, redis, key: (req: express.Request) => header(req.headers) }) as RequestHandler;
+      break;
+    case 'hasp-lock': {
+      // Distinct keys: a fresh key per request, so no request ever waits for another.
+      let n = 0;
+      mw = (await loadAdapter('express')).withLock(() => `req:${++n}`, { redis }) as RequestHandler;
+      break;
+    }
+    case 'erl':
+      mw = erlRateLimit({
+        windowMs: 60_000,
+        limit: perMinute,
+        keyGenerator: (req) => header(req.headers) ?? '',
+        store: new RedisStore({ sendCommand: (command: string, ...args: string[]) => redis.call(command, ...args) as Promise<RedisReply> }),
+      });
+      break;
+    case 'rlf': {
+      // The Express middleware from rate-limiter-flexible's README.
+      const limiter = new RateLimiterRedis({ storeClient: redis, points: perMinute, duration: 60 });
+      mw = (req, res, next) => {
+        limiter
+          .consume(header(req.headers) ?? '')
+          .then(() => next())
+          .catch(() => res.status(429).send('Too Many Requests'));
+      };
+      break;
+    }
+    default:
+      throw new Error(`no Express variant ${job.variant}`);
+  }
+  if (mw) app.use(mw);
+  app.get('/', (_req, res) => {
+    res.send('ok');
+  });
+  // hasp forwards http-errors (429, 423, 503) to the app's error handling, as the SPEC says; answer them plainly.
+  const onError: ErrorRequestHandler = (err: { status?: number; headers?: Record<string, string>; message?: string }, _req, res, _next) => {
+    res.status(err.status ?? 500);
+    if (err.headers) res.set(err.headers);
+    res.send(err.message ?? 'error');
+  };
+  app.use(onError);
+  return app;
+}
+
+async function koaApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: number): Promise<http.RequestListener> {
+  const app = new Koa();
+  let mw: Middleware | undefined;
+  switch (job.variant) {
+    case 'bare':
+      break;
+    case 'hasp':
+      mw = (await loadAdapter('koa')).rateLimit({ capacity, rate: `${perMinute}/min`, redis, key: (ctx: Koa.Context) => header(ctx.headers) }) as Middleware;
+      break;
+    case 'hasp-lock': {
+      let n = 0;
+      mw = (await loadAdapter('koa')).withLock(() => `req:${++n}`, { redis }) as Middleware;
+      break;
+    }
+    case 'rlf': {
+      // The Koa middleware from rate-limiter-flexible's README.
+      const limiter = new RateLimiterRedis({ storeClient: redis, points: perMinute, duration: 60 });
+      mw = async (ctx, next) => {
+        try {
+          await limiter.consume(header(ctx.headers) ?? '');
+        } catch {
+          ctx.status = 429;
+          ctx.body = 'Too Many Requests';
+          return;
+        }
+        await next();
+      };
+      break;
+    }
+    case 'koa-ratelimit':
+      mw = koaRatelimit({
+        driver: 'redis',
+        db: redis,
+        duration: 60_000,
+        max: perMinute,
+        id: (ctx) => header(ctx.headers) ?? '',
+      }) as unknown as Middleware;
+      break;
+    default:
+      throw new Error(`no Koa variant ${job.variant}`);
+  }
+  if (mw) app.use(mw);
+  app.use((ctx) => {
+    ctx.body = 'ok';
+  });
+  return app.callback();
+}

@@ -1,0 +1,57 @@
+// The HTTP load generator, run in its own forked child (never in the server's process): autocannon over keep-alive
+// connections, a warm-up run whose numbers are dropped, then the measured run.
+import autocannon from 'autocannon';
+
+export interface LoadJob {
+  url: string;
+  connections: number;
+  warmupSec: number;
+  seconds: number;
+  /** Distinct `x-key` values cycled through by every connection; 1 floods a single key. */
+  keys: number;
+}
+
+export interface LoadResult {
+  reqPerSec: number;
+  p50: number;
+  p99: number;
+  /** Share of responses that were 429. */
+  limitedShare: number;
+  /** Share of responses that were neither 2xx nor 429 (should be 0). */
+  otherShare: number;
+  errors: number;
+}
+
+function run(job: LoadJob, seconds: number): Promise<autocannon.Result> {
+  const requests: autocannon.Request[] = [];
+  for (let i = 0; i < job.keys; i++) requests.push({ method: 'GET', path: '/', headers: { 'x-key': job.keys === 1 ? 'flood' : `user:${i}` } });
+  return new Promise((resolve, reject) => {
+    const instance = autocannon({ url: job.url, connections: job.connections, duration: seconds, requests }, (err, result) => {
+      if (err) reject(err);
+      else resolve(result);
+    });
+    instance.on('error', reject);
+  });
+}
+
+export async function runLoad(job: LoadJob): Promise<LoadResult> {
+  if (job.warmupSec > 0) await run(job, job.warmupSec);
+  const r = await run(job, job.seconds);
+  const codes = (r as unknown as { statusCodeStats: Record<string, { count: number }> }).statusCodeStats ?? {};
+  let total = 0;
+  let ok = 0;
+  let limited = 0;
+  for (const [code, { count }] of Object.entries(codes)) {
+    total += count;
+    if (code.startsWith('2')) ok += count;
+    if (code === '429') limited += count;
+  }
+  return {
+    reqPerSec: total / r.duration,
+    p50: r.latency.p50,
+    p99: r.latency.p99,
+    limitedShare: total ? limited / total : 0,
+    otherShare: total ? (total - ok - limited) / total : 0,
+    errors: r.errors + r.timeouts,
+  };
+}

@@ -1,0 +1,168 @@
+// The two lock workloads, run inside a forked child: uncontended (each worker on its own key, acquire + release in a
+// loop) and contended (all workers on one key, each holding it ~1 ms), with a warm-up whose numbers are discarded.
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Samples } from '../stats.js';
+import { type LockSpec, makeLockLib } from './libs.js';
+
+export interface LockJob {
+  spec: LockSpec;
+  ports: number[];
+  workers: number;
+  warmupMs: number;
+  measureMs: number;
+  /** Distinguishes the keys of each run, so no run meets another's leftovers. */
+  runId: string;
+  /** Contended only: how long each holder keeps the lock. */
+  holdMs?: number;
+}
+
+export interface UncontendedResult {
+  cyclesPerSec: number;
+  acquireP50: number;
+  acquireP99: number;
+  failures: number;
+}
+
+export interface ContendedResult {
+  sectionsPerSec: number;
+  waitP50: number;
+  waitP99: number;
+  waitMax: number;
+  failures: number;
+  violations: number;
+  perWorkerMin: number;
+  perWorkerMax: number;
+  handoffP50: number;
+  handoffP99: number;
+  /** Mean hold actually observed (setTimeout granularity), ms. */
+  holdMean: number;
+}
+
+/** Runs `body` on every worker until the window closes; `measuring()` tells whether numbers count yet. */
+async function measureWindow(job: LockJob, onMeasureStart: () => void): Promise<{ measuring: () => boolean; stopped: () => boolean; elapsed: () => number; done: Promise<void> }> {
+  let measuring = false;
+  let stopped = false;
+  let started = 0;
+  let ended = 0;
+  const done = (async () => {
+    await sleep(job.warmupMs);
+    onMeasureStart();
+    measuring = true;
+    started = performance.now();
+    await sleep(job.measureMs);
+    ended = performance.now();
+    measuring = false;
+    stopped = true;
+  })();
+  return { measuring: () => measuring, stopped: () => stopped, elapsed: () => (ended || performance.now()) - started, done };
+}
+
+export async function runUncontended(job: LockJob): Promise<UncontendedResult> {
+  const lib = await makeLockLib(job.spec, job.ports);
+  const acquire = new Samples();
+  let cycles = 0;
+  let failures = 0;
+  const w = await measureWindow(job, () => {
+    acquire.clear();
+    cycles = 0;
+    failures = 0;
+  });
+  const worker = async (i: number) => {
+    const h = lib.handle(`bench:u:${job.runId}:${i}`);
+    while (!w.stopped()) {
+      const t0 = performance.now();
+      try {
+        await h.acquire();
+      } catch {
+        if (w.measuring()) failures++;
+        continue;
+      }
+      const t1 = performance.now();
+      await h.release();
+      if (w.measuring()) {
+        cycles++;
+        acquire.add(t1 - t0);
+      }
+    }
+  };
+  for (let i = 0; i < job.workers; i++) void worker(i).catch(() => failures++);
+  await w.done;
+  const s = acquire.summary();
+  // The child exits right after answering; locks still held just expire (every run uses fresh keys).
+  return { cyclesPerSec: cycles / (w.elapsed() / 1000), acquireP50: s.p50, acquireP99: s.p99, failures };
+}
+
+export async function runContended(job: LockJob): Promise<ContendedResult> {
+  const lib = await makeLockLib(job.spec, job.ports);
+  const hold = job.holdMs ?? 1;
+  const wait = new Samples();
+  const handoff = new Samples();
+  const holds = new Samples();
+  const perWorker = new Array<number>(job.workers).fill(0);
+  let failures = 0;
+  let violations = 0;
+  let inside = 0;
+  // performance.now() when the last holder called release(); consumed by the next acquisition.
+  let releasedAt: number | undefined;
+  const w = await measureWindow(job, () => {
+    wait.clear();
+    handoff.clear();
+    holds.clear();
+    perWorker.fill(0);
+    failures = 0;
+    violations = 0;
+  });
+  const key = `bench:c:${job.runId}`;
+  const worker = async (i: number) => {
+    const h = lib.handle(key);
+    while (!w.stopped()) {
+      const t0 = performance.now();
+      try {
+        await h.acquire();
+      } catch {
+        if (w.measuring()) failures++;
+        continue;
+      }
+      const t1 = performance.now();
+      inside++;
+      if (inside > 1 && w.measuring()) violations++;
+      if (w.measuring()) {
+        wait.add(t1 - t0);
+        if (releasedAt !== undefined) handoff.add(t1 - releasedAt);
+      }
+      releasedAt = undefined;
+      await sleep(hold);
+      const t2 = performance.now();
+      inside--;
+      if (w.measuring()) {
+        perWorker[i]!++;
+        holds.add(t2 - t1);
+      }
+      releasedAt = performance.now();
+      try {
+        await h.release();
+      } catch {
+        // a failed release only delays the next holder until the ttl; counted through the section rate
+      }
+    }
+  };
+  for (let i = 0; i < job.workers; i++) void worker(i).catch(() => failures++);
+  await w.done;
+  const sections = perWorker.reduce((a, b) => a + b, 0);
+  const ws = wait.summary();
+  const hs = handoff.summary();
+  return {
+    sectionsPerSec: sections / (w.elapsed() / 1000),
+    waitP50: ws.p50,
+    waitP99: ws.p99,
+    waitMax: ws.max,
+    failures,
+    violations,
+    perWorkerMin: Math.min(...perWorker),
+    perWorkerMax: Math.max(...perWorker),
+    handoffP50: hs.p50,
+    handoffP99: hs.p99,
+    holdMean: holds.summary().mean,
+  };
+}

@@ -1,0 +1,68 @@
+// The http-errors the middleware hands to the app's error handling: 429, 423, 503, and the 500 for a bad key or cost.
+import createError, { type HttpError } from 'http-errors';
+import type { Decision } from '../types.js';
+
+/** Codes carried by the HTTP errors of the middleware (`err.code`). */
+export type HttpErrorCode =
+  | 'RATE_LIMITED'
+  | 'RATE_LIMIT_UNAVAILABLE'
+  | 'LOCK_BUSY'
+  | 'LOCK_UNAVAILABLE'
+  | 'INVALID_KEY'
+  | 'INVALID_COST';
+
+/** An `http-errors` error as the middleware makes it: `status`, `expose`, `code`, and the `headers` to send. */
+export type MiddlewareHttpError = HttpError & {
+  code: HttpErrorCode;
+  headers?: Record<string, string>;
+  /** The refused decision (429 only). */
+  decision?: Decision;
+};
+
+/** 429, code `RATE_LIMITED`, exposed, with `headers` (Retry-After and, when enabled, the RateLimit fields). */
+export function rateLimitedError(decision: Decision, headers: Record<string, string>): MiddlewareHttpError {
+  return createError(429, 'Too many requests: rate limit exceeded', {
+    expose: true,
+    code: 'RATE_LIMITED',
+    headers,
+    decision,
+  }) as MiddlewareHttpError;
+}
+
+/** 503, code `RATE_LIMIT_UNAVAILABLE`: the rate-limit store failed and `onStoreError` is `'closed'`. */
+export function rateLimitUnavailableError(retryAfter: number, cause: unknown): MiddlewareHttpError {
+  return createError(503, 'Rate limit temporarily unavailable', {
+    expose: true,
+    code: 'RATE_LIMIT_UNAVAILABLE',
+    headers: { 'Retry-After': String(retryAfter) },
+    cause,
+  }) as MiddlewareHttpError;
+}
+
+/** 423, code `LOCK_BUSY`, with Retry-After (whole seconds, rounded up) when the holder's remaining time is known. */
+export function lockBusyError(retryAfter: number | undefined, cause: unknown): MiddlewareHttpError {
+  return createError(423, 'Locked: the resource is being changed by another request', {
+    expose: true,
+    code: 'LOCK_BUSY',
+    headers: retryAfter === undefined ? {} : { 'Retry-After': String(retryAfter) },
+    cause,
+  }) as MiddlewareHttpError;
+}
+
+/** 503, code `LOCK_UNAVAILABLE`: the locker could not answer; the handler did not run. */
+export function lockUnavailableError(cause: unknown): MiddlewareHttpError {
+  return createError(503, 'Lock service temporarily unavailable', {
+    expose: true,
+    code: 'LOCK_UNAVAILABLE',
+    cause,
+  }) as MiddlewareHttpError;
+}
+
+/** 500 (not exposed) for a key or cost function that threw or returned something unusable. Nothing was written. */
+export function invalidInputError(code: 'INVALID_KEY' | 'INVALID_COST', message: string, cause?: unknown): MiddlewareHttpError {
+  return createError(500, message, {
+    expose: false,
+    code,
+    ...(cause === undefined ? {} : { cause }),
+  }) as MiddlewareHttpError;
+}

@@ -1,0 +1,260 @@
+// rateLimit(): option resolution (once, at construction) and the per-request decision, shared by the Express and Koa
+// adapters, which only read the request's key and write the result.
+import { assertClient } from '../lock/redis-lock.js';
+import { parseRate } from '../rate-limit/rate.js';
+import { TokenBucket } from '../rate-limit/token-bucket.js';
+import type { Decision, RedisClient } from '../types.js';
+import * as v from '../util/validate.js';
+import { rateLimitedError, rateLimitUnavailableError, type MiddlewareHttpError } from './errors.js';
+import { appendListMember, POLICY_FIELD, RATELIMIT_FIELD, RateLimitFields, RETRY_AFTER_FIELD } from './fields.js';
+import { callCost, callKey, type CostFunction, type KeyFunction } from './inputs.js';
+import { isStoreError, storeGuard, type BucketLike, type StoreGuard } from './store-guard.js';
+import { checkOptionNames, optionErrors } from './options.js';
+
+/** What to do when the bucket's Redis fails. */
+export type StoreErrorPolicy = 'memory' | 'open' | 'closed';
+
+/** Options of `rateLimit()` shared by both adapters; `Arg` is Express's `req` or Koa's `ctx`. */
+export interface RateLimitBaseOptions<Arg> {
+  /** Bucket size (> 0): the largest burst. Required unless `bucket` is given. */
+  capacity?: number;
+  /** Refill rate: tokens per second, or `'2/s'`, `'30/min'`, `'100/h'`, `'1000/d'`. Required unless `bucket` is given. */
+  rate?: number | string;
+  /**
+   * Where the buckets live: an ioredis `Redis` or `Cluster`.
+   * @default none: in this process's memory
+   */
+  redis?: RedisClient;
+  /**
+   * A prepared `TokenBucket` (e.g. shared between routes); replaces `capacity`, `rate` and `redis`.
+   * @default none
+   */
+  bucket?: BucketLike;
+  /**
+   * The bucket key: a string, or a function of the request (may be async). `undefined` skips limiting for that request.
+   * @default the client IP (IPv6 grouped by /64)
+   */
+  key?: string | KeyFunction<Arg>;
+  /**
+   * Tokens one request takes: a number, or a function of the request (may be async).
+   * @default 1
+   */
+  cost?: number | CostFunction<Arg>;
+  /**
+   * Send the `RateLimit-Policy` and `RateLimit` response fields.
+   * @default true
+   */
+  headers?: boolean;
+  /**
+   * The policy name in those fields (printable ASCII). Buckets built from `capacity`/`rate` are stored under it, so
+   * limiters with the same policy name share a budget per key.
+   * @default 'default'
+   */
+  policy?: string;
+  /**
+   * When Redis fails: `'memory'` uses a per-process bucket until Redis answers again, `'open'` lets requests through,
+   * `'closed'` answers 503 (code `RATE_LIMIT_UNAVAILABLE`).
+   * @default 'memory'
+   */
+  onStoreError?: StoreErrorPolicy;
+}
+
+/** Where the adapters write the fields: a Node `ServerResponse` (Express's `res`, Koa's `ctx.res`). */
+export interface HeaderTarget {
+  getHeader(name: string): unknown;
+  setHeader(name: string, value: string): unknown;
+}
+
+const OPTIONS = ['capacity', 'rate', 'redis', 'bucket', 'key', 'cost', 'headers', 'policy', 'onStoreError', 'handler'] as const;
+const POLICIES: readonly StoreErrorPolicy[] = ['memory', 'open', 'closed'];
+/** Prefix of the Redis keys of buckets the middleware builds itself: `hasp:tb:<policy>:{<key>}`. */
+export const MIDDLEWARE_BUCKET_PREFIX = 'hasp:tb:';
+
+/**
+ * A rate limiter as the adapters use it: everything resolved and validated once; {@link RateLimiter.check} per request.
+ * @typeParam Arg - what key and cost functions receive (Express `req`, Koa `ctx`)
+ * @typeParam H - the adapter's `handler` signature
+ */
+export class RateLimiter<Arg, H = never> {
+  /** Whether to send the RateLimit fields. */
+  readonly headers: boolean;
+  /** The custom response for a denied request, if any. */
+  readonly handler: H | undefined;
+  /** The bucket every request of this limiter takes from. */
+  readonly bucket: BucketLike;
+  /** The serializer of this limiter's fields (policy member cached). */
+  readonly fields: RateLimitFields;
+  /** The store-error policy. */
+  readonly onStoreError: StoreErrorPolicy;
+  private readonly where: string;
+  private readonly keyFn: KeyFunction<Arg> | undefined;
+  private readonly defaultKey: (arg: Arg) => string | undefined;
+  private readonly staticKey: string | undefined;
+  private readonly costFn: CostFunction<Arg> | undefined;
+  private readonly cost: number;
+  private readonly guard: StoreGuard | undefined;
+
+  /**
+   * @param options - the user's options
+   * @param defaultKey - the adapter's client-IP key
+   * @param where - the function name for error messages
+   * @throws TypeError or RangeError naming the option when an option is missing or invalid
+   */
+  constructor(options: RateLimitBaseOptions<Arg> & { handler?: H }, defaultKey: (arg: Arg) => string | undefined, where = 'rateLimit') {
+    this.where = where;
+    this.defaultKey = defaultKey;
+    const o = optionErrors(where, () => {
+      if (options === null || typeof options !== 'object') throw new TypeError('options must be an object');
+      const given = v.definedOnly(options);
+      checkOptionNames(given, OPTIONS);
+      return given;
+    });
+    const resolved = optionErrors(where, () => {
+      let bucket: BucketLike;
+      const policy = o.policy === undefined ? 'default' : o.policy;
+      if (o.bucket !== undefined) {
+        for (const name of ['capacity', 'rate', 'redis'] as const) {
+          if (o[name] !== undefined) throw new TypeError(`pass either bucket or ${name}, not both (the bucket has its own)`);
+        }
+        bucket = checkBucket(o.bucket);
+      } else {
+        if (o.capacity === undefined) throw new TypeError('capacity is required (or pass a prepared bucket)');
+        if (o.rate === undefined) throw new TypeError('rate is required (or pass a prepared bucket)');
+        const capacity = v.positiveNumber('capacity', o.capacity);
+        const rate = parseRate(o.rate, 'rate');
+        if (o.redis !== undefined) assertClient('redis', o.redis);
+        bucket = new TokenBucket({
+          capacity,
+          rate,
+          redis: o.redis,
+          prefix: `${MIDDLEWARE_BUCKET_PREFIX}${v.string('policy', policy)}:`,
+        });
+      }
+      const fields = new RateLimitFields(policy, bucket.capacity, bucket.rate);
+      let keyFn: KeyFunction<Arg> | undefined;
+      let staticKey: string | undefined;
+      if (typeof o.key === 'function') keyFn = o.key;
+      else if (typeof o.key === 'string' && o.key.length > 0) staticKey = o.key;
+      else if (o.key !== undefined) throw new TypeError(`key must be a non-empty string or a function, got ${v.describe(o.key)}`);
+      let costFn: CostFunction<Arg> | undefined;
+      let cost = 1;
+      if (typeof o.cost === 'function') costFn = o.cost;
+      else if (o.cost !== undefined) {
+        if (typeof o.cost !== 'number') throw new TypeError(`cost must be a number or a function, got ${v.describe(o.cost)}`);
+        cost = v.positiveNumber('cost', o.cost);
+        if (cost > bucket.capacity) throw new RangeError(`cost ${cost} exceeds the capacity ${bucket.capacity}: it could never be granted`);
+      } else if (bucket.capacity < 1) {
+        throw new RangeError(`capacity ${bucket.capacity} is below the default cost 1: set cost too`);
+      }
+      const onStoreError = o.onStoreError === undefined ? 'memory' : o.onStoreError;
+      if (!POLICIES.includes(onStoreError)) {
+        throw new RangeError(`onStoreError must be one of 'memory', 'open', 'closed', got ${v.describe(onStoreError)}`);
+      }
+      return {
+        bucket,
+        fields,
+        keyFn,
+        staticKey,
+        costFn,
+        cost,
+        onStoreError,
+        headers: o.headers === undefined ? true : v.boolean('headers', o.headers),
+        handler: o.handler === undefined ? undefined : v.func<H>('handler', o.handler),
+      };
+    });
+    this.bucket = resolved.bucket;
+    this.fields = resolved.fields;
+    this.keyFn = resolved.keyFn;
+    this.staticKey = resolved.staticKey;
+    this.costFn = resolved.costFn;
+    this.cost = resolved.cost;
+    this.onStoreError = resolved.onStoreError;
+    this.headers = resolved.headers;
+    this.handler = resolved.handler;
+    this.guard = storeGuard(this.bucket);
+  }
+
+  /**
+   * Decides one request: reads its key and cost, takes from the bucket, and applies `onStoreError` when Redis fails.
+   * Resolves the decision (allowed or not), or `undefined` when the request is not limited (its key is `undefined`, or
+   * Redis failed under `'open'`).
+   * @throws a 500 `http-errors` error (`INVALID_KEY`/`INVALID_COST`) for a bad key or cost, before anything is written;
+   *   a 503 (`RATE_LIMIT_UNAVAILABLE`) when Redis failed under `'closed'`
+   */
+  async check(arg: Arg): Promise<Decision | undefined> {
+    let key: string | undefined;
+    if (this.keyFn !== undefined) {
+      const k = callKey(this.where, this.keyFn, arg);
+      key = typeof k === 'object' ? await k : k;
+    } else {
+      key = this.staticKey ?? this.defaultKey(arg);
+    }
+    if (key === undefined) return undefined;
+    let cost = this.cost;
+    if (this.costFn !== undefined) {
+      const c = callCost(this.where, this.costFn, arg, this.bucket.capacity);
+      cost = typeof c === 'number' ? c : await c;
+    }
+    const guard = this.guard;
+    if (guard === undefined) return this.bucket.take(key, cost);
+    if (!guard.usable()) return this.degraded(guard, key, cost, undefined);
+    try {
+      return await this.bucket.take(key, cost);
+    } catch (error) {
+      if (!isStoreError(error)) throw error;
+      guard.failed();
+      return this.degraded(guard, key, cost, error);
+    }
+  }
+
+  /**
+   * Writes `RateLimit-Policy` and `RateLimit` (appended to members other limiters wrote) and, for a denial,
+   * `Retry-After`. Call only when {@link RateLimiter.headers} is true, or for a denial.
+   */
+  setHeaders(res: HeaderTarget, d: Decision): void {
+    if (this.headers) {
+      res.setHeader(POLICY_FIELD, appendListMember(res.getHeader(POLICY_FIELD), this.fields.policy));
+      res.setHeader(RATELIMIT_FIELD, appendListMember(res.getHeader(RATELIMIT_FIELD), this.fields.rateLimit(d)));
+    }
+    if (!d.allowed) res.setHeader(RETRY_AFTER_FIELD, String(this.fields.retryAfter(d)));
+  }
+
+  /**
+   * The 429 for a denied decision, after {@link RateLimiter.setHeaders}: its `headers` repeat what is on the response
+   * (Koa's default error handler sends only `err.headers`).
+   */
+  deniedError(d: Decision, res: HeaderTarget): MiddlewareHttpError {
+    const headers: Record<string, string> = { [RETRY_AFTER_FIELD]: String(this.fields.retryAfter(d)) };
+    if (this.headers) {
+      headers[POLICY_FIELD] = String(res.getHeader(POLICY_FIELD) ?? this.fields.policy);
+      headers[RATELIMIT_FIELD] = String(res.getHeader(RATELIMIT_FIELD) ?? this.fields.rateLimit(d));
+    }
+    return rateLimitedError(d, headers);
+  }
+
+  private degraded(guard: StoreGuard, key: string, cost: number, cause: unknown): Promise<Decision | undefined> {
+    switch (this.onStoreError) {
+      case 'memory':
+        return guard.fallback.take(key, cost);
+      case 'open':
+        return Promise.resolve(undefined);
+      default:
+        return Promise.reject(rateLimitUnavailableError(guard.retryAfter(), cause ?? new Error('rate-limit store is down')));
+    }
+  }
+}
+
+function checkBucket(value: unknown): BucketLike {
+  const b = value as Partial<BucketLike> | null;
+  if (
+    typeof b !== 'object' ||
+    b === null ||
+    typeof b.take !== 'function' ||
+    typeof b.peek !== 'function' ||
+    typeof b.capacity !== 'number' ||
+    typeof b.rate !== 'number'
+  ) {
+    throw new TypeError(`bucket must be a TokenBucket, got ${v.describe(value)}`);
+  }
+  return b as BucketLike;
+}

@@ -1,0 +1,99 @@
+// What a rate limiter does while its Redis is failing: a circuit per bucket that stops sending requests to a Redis that
+// just failed, hands them to the onStoreError policy (with a per-process fallback bucket for 'memory'), and goes back
+// to Redis as soon as it answers: at once on the client's 'ready' event, or when a background probe succeeds.
+import { TokenBucket } from '../rate-limit/token-bucket.js';
+import type { Decision, RedisClient } from '../types.js';
+
+/** What the middleware needs of a bucket; a {@link TokenBucket} from either module format fits. */
+export interface BucketLike {
+  readonly capacity: number;
+  readonly rate: number;
+  readonly redis?: RedisClient | undefined;
+  take(key: string, cost?: number): Promise<Decision>;
+  peek(key: string, cost?: number): Promise<Decision>;
+}
+
+/** Ms between background probes of a Redis that failed without disconnecting (hung, paused, erroring scripts). */
+export const PROBE_INTERVAL_MS = 500;
+// A key nobody uses: peek() on it reads one absent key and writes nothing.
+const PROBE_KEY = '\u0000hasp:probe';
+
+/** True for the error a bucket rejects with when its store failed (checked by code: module copies differ). */
+export function isStoreError(error: unknown): boolean {
+  return (error as { code?: unknown } | null)?.code === 'RATE_LIMIT_UNAVAILABLE';
+}
+
+/** The circuit of one bucket; shared by every middleware using that bucket. */
+export class StoreGuard {
+  /** True while Redis is considered down: requests go to the onStoreError policy without trying Redis. */
+  private down = false;
+  private probing = false;
+  private nextProbe = 0;
+  private listening = false;
+  private fallbackBucket: TokenBucket | undefined;
+  private readonly onReady = (): void => {
+    this.listening = false;
+    this.down = false;
+  };
+
+  constructor(private readonly bucket: BucketLike) {}
+
+  /** Whether to send this request to Redis. While down, may start a background probe (at most one at a time). */
+  usable(): boolean {
+    if (!this.down) return true;
+    if (!this.probing && Date.now() >= this.nextProbe) this.probe();
+    return false;
+  }
+
+  /** Records a store failure: opens the circuit until Redis answers again. */
+  failed(): void {
+    if (!this.down) {
+      this.down = true;
+      this.nextProbe = Date.now() + PROBE_INTERVAL_MS;
+    }
+    const redis = this.bucket.redis as { once?: (event: string, fn: () => void) => unknown } | undefined;
+    if (!this.listening && typeof redis?.once === 'function') {
+      // A reconnected client emits 'ready': that is the earliest moment Redis answers again.
+      this.listening = true;
+      redis.once('ready', this.onReady);
+    }
+  }
+
+  /** The per-process bucket that stands in while Redis is down ('memory' policy); same capacity and rate. */
+  get fallback(): TokenBucket {
+    this.fallbackBucket ??= new TokenBucket({ capacity: this.bucket.capacity, rate: this.bucket.rate });
+    return this.fallbackBucket;
+  }
+
+  /** Seconds until the next probe: the Retry-After of a 503 under the 'closed' policy. */
+  retryAfter(): number {
+    return Math.max(1, Math.ceil((this.nextProbe - Date.now()) / 1_000));
+  }
+
+  private probe(): void {
+    this.probing = true;
+    this.bucket.peek(PROBE_KEY).then(
+      () => {
+        this.probing = false;
+        this.down = false;
+      },
+      () => {
+        this.probing = false;
+        this.nextProbe = Date.now() + PROBE_INTERVAL_MS;
+      },
+    );
+  }
+}
+
+const guards = new WeakMap<BucketLike, StoreGuard>();
+
+/** The circuit of `bucket`, created on first use; undefined for in-memory buckets, which cannot fail. */
+export function storeGuard(bucket: BucketLike): StoreGuard | undefined {
+  if (bucket.redis === undefined) return undefined;
+  let guard = guards.get(bucket);
+  if (!guard) {
+    guard = new StoreGuard(bucket);
+    guards.set(bucket, guard);
+  }
+  return guard;
+}

@@ -1,0 +1,4 @@
+// Public entry point of @hasp/express: re-exports only.
+export { rateLimit } from './rate-limit.js';
+export { withLock } from './with-lock.js';
+export type { RateLimitHandler, RateLimitOptions, RequestKey, WithLockOptions } from './types.js';

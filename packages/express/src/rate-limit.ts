@@ -1,0 +1,57 @@
+// rateLimit() for Express: a token bucket per key, the RateLimit fields on every response, a 429 to next(err) on denial.
+import type { Decision } from '@hasp/core';
+import { clientIpKey, RateLimiter } from '@hasp/core/http';
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import type { RateLimitHandler, RateLimitOptions } from './types.js';
+
+// Express computes req.ip from the socket, or from X-Forwarded-For only as far as `trust proxy` allows.
+const ipKey = (req: Request): string => clientIpKey(req.ip);
+
+/**
+ * Limits requests with a token bucket per key (default: the client IP, IPv6 by /64). Every limited response carries
+ * `RateLimit-Policy` and `RateLimit`; a denied request goes to `next(err)` with a 429 (`code: 'RATE_LIMITED'`,
+ * `headers` with `Retry-After`), unless `handler` answers it. The decision is at `req.rateLimit`.
+ * @throws TypeError or RangeError naming the option when an option is missing or invalid
+ * @example
+ * ```ts
+ * app.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (req) => req.body.phone, policy: 'sms' }), send);
+ * ```
+ */
+export function rateLimit(options: RateLimitOptions): RequestHandler {
+  const limiter = new RateLimiter<Request, RateLimitHandler>(options, ipKey, 'rateLimit');
+  const handler = limiter.handler;
+  const headers = limiter.headers;
+
+  async function limit(req: Request, res: Response, next: NextFunction): Promise<void> {
+    let d: Decision | undefined;
+    try {
+      d = await limiter.check(req);
+    } catch (error) {
+      next(error);
+      return;
+    }
+    if (d === undefined) {
+      next();
+      return;
+    }
+    req.rateLimit = d;
+    if (headers || !d.allowed) limiter.setHeaders(res, d);
+    if (d.allowed) {
+      next();
+      return;
+    }
+    if (handler === undefined) {
+      next(limiter.deniedError(d, res));
+      return;
+    }
+    try {
+      await handler(req, res, next, d);
+    } catch (error) {
+      next(error);
+    }
+  }
+
+  return function rateLimitMiddleware(req: Request, res: Response, next: NextFunction): void {
+    void limit(req, res, next);
+  };
+}

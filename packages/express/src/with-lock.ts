@@ -1,0 +1,46 @@
+// withLock() for Express: holds a per-key lock while the request is handled, released when the response is ended.
+import { LockGuard, type HeldLock } from '@hasp/core/http';
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import { releaseOnEnd } from './release-on-end.js';
+import type { RequestKey, WithLockOptions } from './types.js';
+
+/**
+ * Runs the rest of the route holding the lock on `key(req)`; busy: `next(err)` with a 423 (`code: 'LOCK_BUSY'`,
+ * Retry-After when known); locker unavailable: a 503 (`LOCK_UNAVAILABLE`), and the handler does not run. The lease is
+ * at `req.lock` and is auto-extended until the response is ended (also by an error handler), then released once.
+ * A client that disconnects does not free the lock: the handler still holds it until it ends the response.
+ * @throws TypeError or RangeError naming the option when an option is missing or invalid
+ * @example
+ * ```ts
+ * app.post('/orders/:id/pay', withLock((req) => `order:${req.params.id}`, { redis }), pay);
+ * ```
+ */
+export function withLock(key: RequestKey, options?: WithLockOptions): RequestHandler {
+  const guard = new LockGuard<Request>(key, options, 'withLock');
+
+  async function lock(req: Request, res: Response, next: NextFunction): Promise<void> {
+    let held: HeldLock | undefined;
+    try {
+      held = await guard.acquire(req, req);
+    } catch (error) {
+      next(error);
+      return;
+    }
+    if (held === undefined) {
+      next();
+      return;
+    }
+    if (res.writableEnded) {
+      // Someone answered while we waited for the lock (e.g. a timeout middleware): there is nothing left to protect.
+      held.release();
+      return;
+    }
+    req.lock = held.lease;
+    releaseOnEnd(res, held);
+    next();
+  }
+
+  return function withLockMiddleware(req: Request, res: Response, next: NextFunction): void {
+    void lock(req, res, next);
+  };
+}

@@ -1,0 +1,46 @@
+// rateLimit() for Koa: a token bucket per key, the RateLimit fields on every response, a thrown 429 on denial.
+import { clientIpKey, RateLimiter } from '@hasp/core/http';
+import type { Context, Middleware, Next } from 'koa';
+import { keepFieldsOnError } from './keep-fields.js';
+import type { RateLimitHandler, RateLimitOptions } from './types.js';
+
+// Koa's ctx.ip is the socket address, or the X-Forwarded-For client only when app.proxy is set.
+const ipKey = (ctx: Context): string => clientIpKey(ctx.ip);
+
+/**
+ * Limits requests with a token bucket per key (default: the client IP, IPv6 by /64). Every limited response carries
+ * `RateLimit-Policy` and `RateLimit` (also when a later middleware throws); a denied request throws a 429
+ * (`code: 'RATE_LIMITED'`, `headers` with `Retry-After` and the RateLimit fields), unless `handler` answers it.
+ * The decision is at `ctx.state.rateLimit`.
+ * @throws TypeError or RangeError naming the option when an option is missing or invalid
+ * @example
+ * ```ts
+ * router.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (ctx) => ctx.request.body.phone, policy: 'sms' }), send);
+ * ```
+ */
+export function rateLimit(options: RateLimitOptions): Middleware {
+  const limiter = new RateLimiter<Context, RateLimitHandler>(options, ipKey, 'rateLimit');
+  const handler = limiter.handler;
+  const headers = limiter.headers;
+
+  return async function rateLimitMiddleware(ctx: Context, next: Next): Promise<void> {
+    const d = await limiter.check(ctx);
+    if (d === undefined) return next();
+    ctx.state.rateLimit = d;
+    if (headers || !d.allowed) limiter.setHeaders(ctx.res, d);
+    if (!d.allowed) {
+      if (handler !== undefined) {
+        await handler(ctx, d);
+        return;
+      }
+      throw limiter.deniedError(d, ctx.res);
+    }
+    if (!headers) return next();
+    try {
+      await next();
+    } catch (error) {
+      keepFieldsOnError(ctx);
+      throw error;
+    }
+  };
+}

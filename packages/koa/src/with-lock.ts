@@ -1,0 +1,30 @@
+// withLock() for Koa: holds a per-key lock around the rest of the middleware chain, released in finally.
+import { LockGuard } from '@hasp/core/http';
+import type { Context, Middleware, Next } from 'koa';
+import type { ContextKey, WithLockOptions } from './types.js';
+
+/**
+ * Runs the rest of the chain (`await next()`) holding the lock on `key(ctx)`; busy: throws a 423 (`code: 'LOCK_BUSY'`,
+ * Retry-After when known); locker unavailable: a 503 (`LOCK_UNAVAILABLE`), and the handler does not run. The lease is
+ * at `ctx.state.lock`, auto-extended while `next()` runs and released once in `finally`, also when it throws. A client
+ * that disconnects does not free the lock while the handler still runs.
+ * @throws TypeError or RangeError naming the option when an option is missing or invalid
+ * @example
+ * ```ts
+ * router.post('/orders/:id/pay', withLock((ctx) => `order:${ctx.params.id}`, { redis }), pay);
+ * ```
+ */
+export function withLock(key: ContextKey, options?: WithLockOptions): Middleware {
+  const guard = new LockGuard<Context>(key, options, 'withLock');
+
+  return async function withLockMiddleware(ctx: Context, next: Next): Promise<void> {
+    const held = await guard.acquire(ctx, ctx);
+    if (held === undefined) return next();
+    ctx.state.lock = held.lease;
+    try {
+      await next();
+    } finally {
+      held.release();
+    }
+  };
+}

@@ -1,0 +1,63 @@
+// Locker fixtures for the contract suite: MemoryLock, and RedisLock on a harness node (one connection per locker).
+import type { Redis } from 'ioredis';
+import { MemoryLock, RedisLock, type LockerOptions } from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import type { RedisNode } from '../harness/redis.js';
+import type { LockerFixture, MakeLocker } from './lock-contract.js';
+import { uniquePrefix } from './helpers.js';
+
+/** The private parts of MemoryLock's store the fixture needs to observe waiters and to lose a lock on purpose. */
+interface MemoryStoreInternals {
+  locks: Map<string, unknown>;
+  listeners: Map<string, Set<unknown>>;
+}
+
+/** MemoryLock: one store per fixture; "another connection" is the same locker, since there is no connection. */
+export const memoryLockFixture: MakeLocker = async (options?: LockerOptions): Promise<LockerFixture> => {
+  const locker = new MemoryLock(options);
+  const store = (locker as unknown as { store: MemoryStoreInternals }).store;
+  return {
+    locker,
+    newConnectionLocker: () => locker,
+    waiting: async (key) => store.listeners.get(key)?.size ?? 0,
+    deleteBehindBack: async (key) => {
+      store.locks.delete(key);
+    },
+    cleanup: async () => locker.close(),
+  };
+};
+
+/** RedisLock on `node()`: every locker gets its own ioredis connection and shares the fixture's unique prefix. */
+export function redisLockFixture(node: () => RedisNode): MakeLocker {
+  return async (options?: LockerOptions): Promise<LockerFixture> => {
+    const prefix = uniquePrefix('lock');
+    const clients: Redis[] = [];
+    const lockers: RedisLock[] = [];
+    const make = (): RedisLock => {
+      const client = node().client();
+      clients.push(client);
+      const locker = new RedisLock(client, { ...options, prefix });
+      lockers.push(locker);
+      return locker;
+    };
+    const locker = make();
+    const admin = clients[0]!;
+    return {
+      locker,
+      newConnectionLocker: make,
+      waiting: async (key) => {
+        const names = lockNames(prefix, key);
+        const [, subscribers] = (await admin.pubsub('NUMSUB', names.channel)) as [string, number];
+        return Number(subscribers) > 0 ? admin.zcard(names.queue) : 0;
+      },
+      deleteBehindBack: async (key) => {
+        await admin.del(lockNames(prefix, key).lock);
+      },
+      roundTrip: () => admin.incr(`${prefix}critical-sections`),
+      cleanup: async () => {
+        for (const l of lockers) l.close();
+        for (const c of clients) c.disconnect();
+      },
+    };
+  };
+}

@@ -1,0 +1,96 @@
+// Helpers shared by the core integration tests: bounded waits on events and conditions, and invalid-argument checks.
+import { randomBytes } from 'node:crypto';
+import { expect } from 'vitest';
+
+/** A prefix no other test uses, so tests on one Redis node never see each other's keys. */
+export function uniquePrefix(tag: string): string {
+  return `t:${tag}:${randomBytes(4).toString('hex')}:`;
+}
+
+/**
+ * Polls `condition` every `intervalMs` until it holds; rejects naming `what` after `timeoutMs`.
+ * Used where the thing awaited has no event of its own (a key expiring in Redis, a waiter reaching its queue).
+ */
+export async function until(
+  condition: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  what: string,
+  intervalMs = 5,
+): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  for (;;) {
+    if (await condition()) return;
+    if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, intervalMs));
+  }
+}
+
+/** Resolves with `promise`'s value, or rejects naming `what` if it has not settled within `timeoutMs`. */
+export function within<T>(promise: Promise<T>, timeoutMs: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} did not settle within ${timeoutMs} ms`)), timeoutMs);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+/** Resolves with the signal's abort reason once it aborts; rejects if it has not aborted within `timeoutMs`. */
+export function abortReason(signal: AbortSignal, timeoutMs: number, what = 'the lease signal to abort'): Promise<unknown> {
+  if (signal.aborted) return Promise.resolve(signal.reason);
+  return within(
+    new Promise<unknown>((resolve) => signal.addEventListener('abort', () => resolve(signal.reason), { once: true })),
+    timeoutMs,
+    what,
+  );
+}
+
+/** Settles `promise` into its rejection reason; fails the test if it resolves. */
+export async function rejection(promise: Promise<unknown>): Promise<unknown> {
+  try {
+    await promise;
+  } catch (error) {
+    return error;
+  }
+  throw new Error('expected a rejection, but the promise resolved');
+}
+
+/**
+ * Asserts that `call` fails at once with a TypeError or RangeError whose message names `option`: either it throws
+ * synchronously, or it returns a promise that is already rejected (settles before any timer or I/O could run).
+ */
+export async function expectInvalid(call: () => unknown, option: string): Promise<void> {
+  let failed = false;
+  let error: unknown;
+  let result: unknown;
+  try {
+    result = call();
+  } catch (e) {
+    failed = true;
+    error = e;
+  }
+  if (!failed && result instanceof Promise) {
+    // An already-rejected promise settles within a few microtask turns; I/O or a timer needs a macrotask.
+    const pending = Symbol('pending');
+    const settled = await Promise.race([
+      result.then(
+        () => ({ ok: true as const }),
+        (e: unknown) => ({ ok: false as const, e }),
+      ),
+      new Promise<typeof pending>((resolve) => setImmediate(() => resolve(pending))),
+    ]);
+    if (settled === pending) {
+      result.catch(() => undefined);
+      throw new Error(`expected ${option} to be rejected at once, but the call was still pending`);
+    }
+    if (!settled.ok) {
+      failed = true;
+      error = settled.e;
+    }
+  }
+  expect(failed, `expected a TypeError or RangeError naming ${option}, but the call succeeded`).toBe(true);
+  expect(error instanceof TypeError || error instanceof RangeError, `${String(error)} is a TypeError or RangeError`).toBe(
+    true,
+  );
+  const escaped = option.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  expect((error as Error).message).toMatch(new RegExp(`(^|[^A-Za-z])${escaped}([^A-Za-z]|$)`));
+}

@@ -1,0 +1,495 @@
+// The Locker contract (SPEC "Core: locks") as one parameterised suite, run against every locker: MemoryLock, RedisLock,
+// and Redlock once its fixture exists (call lockContract with a factory for it).
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import {
+  LockBusyError,
+  LockLostError,
+  type Lease,
+  type Locker,
+  type LockErrorEvent,
+  type LockerOptions,
+} from '../../packages/core/src/index.js';
+import { abortReason, expectInvalid, rejection, until, within } from './helpers.js';
+
+/** One locker under test, plus the means to look at and tamper with its store. */
+export interface LockerFixture {
+  /** The locker under test, built with the options given to the factory. */
+  readonly locker: Locker;
+  /**
+   * Another locker on the same store, through connections of its own and with the same options (same prefix).
+   * A backend without connections (MemoryLock) returns `locker` itself.
+   */
+  newConnectionLocker(): Locker;
+  /**
+   * How many callers are waiting for `key` with their wake-up armed, so that a release from now on must wake them
+   * (RedisLock: queued and subscribed). Tests poll it instead of sleeping while a waiter gets ready.
+   */
+  waiting(key: string): Promise<number>;
+  /** Deletes the lock on `key` in the store, behind every locker's back (an operator's DEL, a FLUSHALL, data loss). */
+  deleteBehindBack(key: string): Promise<void>;
+  /** One round trip to the store (RedisLock: an INCR), awaited inside critical sections; absent: a setImmediate. */
+  roundTrip?(): Promise<unknown>;
+  /** Closes every locker and connection the fixture made. */
+  cleanup(): Promise<void>;
+}
+
+/** Builds a fresh fixture; `options` go to every locker it makes. Each fixture has its own namespace (prefix). */
+export type MakeLocker = (options?: LockerOptions) => Promise<LockerFixture>;
+
+const immediate = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
+/** Index of the first element not strictly greater than its predecessor, or -1. */
+function firstNonIncreasing(values: readonly number[]): number {
+  for (let i = 1; i < values.length; i++) if (!(values[i]! > values[i - 1]!)) return i;
+  return -1;
+}
+
+/**
+ * Registers the contract tests for one locker implementation.
+ * @param name - shown in test names, e.g. 'RedisLock'
+ * @param makeLocker - builds a fresh fixture (called once per test)
+ */
+export function lockContract(name: string, makeLocker: MakeLocker): void {
+  describe(`${name} keeps the Locker contract`, () => {
+    let fx: LockerFixture;
+    const extra: LockerFixture[] = [];
+    let seq = 0;
+    /** A key no other test of this suite uses. */
+    const freshKey = (label: string): string => `${label}:${++seq}`;
+    /** A second fixture with its own options (onError); cleaned up after the test. */
+    const fixtureWith = async (options: LockerOptions): Promise<LockerFixture> => {
+      const f = await makeLocker(options);
+      extra.push(f);
+      return f;
+    };
+
+    beforeEach(async () => {
+      fx = await makeLocker();
+    });
+    afterEach(async () => {
+      await fx.cleanup();
+      await Promise.all(extra.splice(0).map((f) => f.cleanup()));
+    });
+
+    describe('leases', () => {
+      it('hands out a lease with the key, an unguessable token, a fence and a conservative expiry', async () => {
+        const key = freshKey('basic');
+        const before = Date.now();
+        const lease = await fx.locker.acquire(key, { ttl: 5_000 });
+        const after = Date.now();
+        expect(lease.key).toBe(key);
+        // >= 128 random bits: base64url needs 22 characters for 16 bytes.
+        expect(lease.token).toMatch(/^[A-Za-z0-9_-]{22,}$/);
+        expect(Number.isSafeInteger(lease.fence)).toBe(true);
+        expect(lease.fence).toBeGreaterThan(0);
+        // Conservative: never later than the store's expiry, and only drift (<= a few % of the ttl) taken off.
+        expect(lease.expiresAt).toBeLessThanOrEqual(after + 5_000);
+        expect(lease.expiresAt).toBeGreaterThan(before + 5_000 - 5_000 * 0.05 - 50);
+        expect(lease.signal.aborted).toBe(false);
+
+        const other = await fx.locker.acquire(freshKey('basic'));
+        expect(other.token).not.toBe(lease.token);
+
+        expect(await lease.release()).toBe(true);
+        expect(lease.signal.aborted).toBe(true);
+        expect(await lease.release()).toBe(false);
+        expect(await other.release()).toBe(true);
+      });
+
+      it('grants at most one holder at a time to 16 contending connections, fences rising in critical-section order', async () => {
+        const key = freshKey('contended');
+        const WORKERS = 16;
+        const PER_WORKER = 64; // 1,024 acquisitions in all
+        const WAIT = 20_000;
+        const lockers = Array.from({ length: WORKERS }, () => fx.newConnectionLocker());
+        let inside = 0;
+        let maxInside = 0;
+        const fences: number[] = [];
+        let longestWait = 0;
+        const started = performance.now();
+
+        await Promise.all(
+          lockers.map(async (locker) => {
+            for (let i = 0; i < PER_WORKER; i++) {
+              const asked = performance.now();
+              const lease = await locker.acquire(key, { wait: WAIT, ttl: 10_000 });
+              longestWait = Math.max(longestWait, performance.now() - asked);
+              inside++;
+              maxInside = Math.max(maxInside, inside);
+              fences.push(lease.fence);
+              // Yield inside the critical section, so an overlapping holder would get the chance to run.
+              await (fx.roundTrip ? fx.roundTrip() : immediate());
+              await immediate();
+              inside--;
+              expect(await lease.release()).toBe(true);
+            }
+          }),
+        );
+
+        expect(maxInside).toBe(1);
+        expect(fences).toHaveLength(WORKERS * PER_WORKER);
+        expect(firstNonIncreasing(fences)).toBe(-1);
+        expect(longestWait).toBeLessThan(WAIT);
+        // Hand-offs are driven by wake-ups, not by the 1 s polling fallback.
+        expect(performance.now() - started).toBeLessThan(15_000);
+      });
+    });
+
+    describe('stale leases', () => {
+      it('an expired lease neither releases nor extends the next holder', async () => {
+        const key = freshKey('stale');
+        const other = fx.newConnectionLocker();
+        const a = await fx.locker.acquire(key, { ttl: 150 });
+        const reason = await abortReason(a.signal, 5_000, "A's signal to abort on expiry");
+        expect(reason).toBeInstanceOf(LockLostError);
+
+        // A's local expiry is conservative, so the store may need a moment more: B waits for it.
+        const b = await other.acquire(key, { ttl: 10_000, wait: 2_000 });
+        expect(b.token).not.toBe(a.token);
+        expect(b.fence).toBeGreaterThan(a.fence);
+
+        expect(await a.release()).toBe(false);
+        const lost = await rejection(a.extend());
+        expect(lost).toBeInstanceOf(LockLostError);
+        expect(lost).toMatchObject({ code: 'LOCK_LOST', key });
+
+        // B still holds.
+        expect(await fx.locker.tryAcquire(key)).toBeNull();
+        expect(await other.tryAcquire(key)).toBeNull();
+        expect(b.signal.aborted).toBe(false);
+        await b.extend(10_000);
+        expect(await b.release()).toBe(true);
+        expect(await other.tryAcquire(key)).not.toBeNull();
+      });
+
+      it('a lease deleted in the store fails to extend with LockLostError and aborts its signal', async () => {
+        const key = freshKey('deleted');
+        const lease = await fx.locker.acquire(key, { ttl: 10_000 });
+        await fx.deleteBehindBack(key);
+        const lost = await rejection(lease.extend());
+        expect(lost).toBeInstanceOf(LockLostError);
+        expect(lost).toMatchObject({ code: 'LOCK_LOST' });
+        expect(lease.signal.aborted).toBe(true);
+        expect(lease.signal.reason).toBeInstanceOf(LockLostError);
+        expect(await lease.release()).toBe(false);
+      });
+    });
+
+    describe('busy keys', () => {
+      it('tryAcquire resolves null; acquire rejects LockBusyError with the holder’s remaining time', async () => {
+        const key = freshKey('busy');
+        const other = fx.newConnectionLocker();
+        const asked = Date.now();
+        const holder = await fx.locker.acquire(key, { ttl: 10_000 });
+
+        expect(await other.tryAcquire(key)).toBeNull();
+        expect(await other.tryAcquire(key, { ttl: 1 })).toBeNull();
+
+        const busy = await rejection(other.acquire(key));
+        expect(busy).toBeInstanceOf(LockBusyError);
+        expect(busy).toMatchObject({ code: 'LOCK_BUSY', key });
+        const retryAfter = (busy as LockBusyError).retryAfter;
+        expect(retryAfter).toBeDefined();
+        expect(retryAfter!).toBeLessThanOrEqual(10_000);
+        expect(retryAfter!).toBeGreaterThan(10_000 - (Date.now() - asked) - 100);
+
+        // With a wait, it gives up after about the wait, and no later than the polling step.
+        const started = performance.now();
+        const late = await rejection(other.acquire(key, { wait: 150 }));
+        const waited = performance.now() - started;
+        expect(late).toBeInstanceOf(LockBusyError);
+        expect(waited).toBeGreaterThanOrEqual(140);
+        expect(waited).toBeLessThan(1_000);
+        expect(await other.tryAcquire(key, { wait: 50 })).toBeNull();
+
+        expect(await holder.release()).toBe(true);
+      });
+
+      it('wakes a waiter promptly when the holder releases, well before the polling fallback', async () => {
+        const key = freshKey('wake');
+        let holder: Lease = await fx.locker.acquire(key, { ttl: 30_000 });
+        // Three hand-offs: each waiter would otherwise sleep up to the 1 s poll (the holder's ttl is far away).
+        for (let round = 0; round < 3; round++) {
+          const waiterLocker = fx.newConnectionLocker();
+          const pending = waiterLocker.acquire(key, { wait: 10_000, ttl: 30_000 });
+          pending.catch(() => undefined); // asserted below; keeps an early failure from turning unhandled
+          await until(async () => (await fx.waiting(key)) >= 1, 5_000, 'the waiter to queue and listen');
+          const releasedAt = performance.now();
+          expect(await holder.release()).toBe(true);
+          holder = await within(pending, 10_000, 'the waiting acquire');
+          expect(performance.now() - releasedAt).toBeLessThan(200);
+        }
+        expect(await holder.release()).toBe(true);
+      });
+    });
+
+    describe('abort signals', () => {
+      it('aborting while waiting rejects with the signal’s reason, and the waiter leaves the line', async () => {
+        const key = freshKey('abort');
+        const holder = await fx.locker.acquire(key, { ttl: 30_000 });
+        const other = fx.newConnectionLocker();
+        const controller = new AbortController();
+        const reason = new Error('caller gave up');
+        const pending = other.acquire(key, { wait: 10_000, signal: controller.signal });
+        pending.catch(() => undefined);
+        await until(async () => (await fx.waiting(key)) >= 1, 5_000, 'the waiter to queue and listen');
+
+        const abortedAt = performance.now();
+        controller.abort(reason);
+        await expect(pending).rejects.toBe(reason);
+        expect(performance.now() - abortedAt).toBeLessThan(200);
+
+        // The abandoned waiter must not stand in the way of the next caller (fair queues hand over to waiters first).
+        expect(await holder.release()).toBe(true);
+        const next = await other.tryAcquire(key);
+        expect(next).not.toBeNull();
+        await next!.release();
+      });
+
+      it('an already-aborted signal rejects at once with its reason, even on a free key, and takes nothing', async () => {
+        const key = freshKey('pre-aborted');
+        const reason = new Error('already aborted');
+        const signal = AbortSignal.abort(reason);
+        await expect(within(fx.locker.acquire(key, { signal }), 100, 'acquire')).rejects.toBe(reason);
+        await expect(within(fx.locker.tryAcquire(key, { signal }), 100, 'tryAcquire')).rejects.toBe(reason);
+        await expect(fx.locker.acquire(key, { signal, wait: 5_000 })).rejects.toBe(reason);
+        let ran = false;
+        await expect(
+          fx.locker.using(key, async () => {
+            ran = true;
+          }, { signal }),
+        ).rejects.toBe(reason);
+        expect(ran).toBe(false);
+        // The default reason is the signal's own AbortError.
+        const plain = AbortSignal.abort();
+        await expect(fx.locker.acquire(key, { signal: plain })).rejects.toBe(plain.reason);
+
+        const lease = await fx.newConnectionLocker().tryAcquire(key);
+        expect(lease).not.toBeNull();
+        await lease!.release();
+      });
+    });
+
+    describe('using', () => {
+      it('returns fn’s value, and releases in finally when fn throws, propagating fn’s error', async () => {
+        const key = freshKey('using');
+        const other = fx.newConnectionLocker();
+        let seen: Lease | undefined;
+        expect(
+          await fx.locker.using(key, async (lease) => {
+            seen = lease;
+            expect(await other.tryAcquire(key)).toBeNull();
+            return 42;
+          }),
+        ).toBe(42);
+        expect(seen!.signal.aborted).toBe(true);
+
+        const boom = new Error('boom');
+        await expect(
+          fx.locker.using(key, async (lease) => {
+            seen = lease;
+            expect(await other.tryAcquire(key)).toBeNull();
+            throw boom;
+          }),
+        ).rejects.toBe(boom);
+        expect(seen!.signal.aborted).toBe(true);
+        const after = await other.tryAcquire(key);
+        expect(after).not.toBeNull();
+        await after!.release();
+      });
+
+      it('auto-extends a 300 ms lease through a 1 s function', async () => {
+        const events: LockErrorEvent[] = [];
+        const f = await fixtureWith({ onError: (e) => events.push(e) });
+        const key = freshKey('auto-extend');
+        const other = f.newConnectionLocker();
+        const started = Date.now();
+        let extensions = 0;
+        const value = await f.locker.using(
+          key,
+          async (lease) => {
+            const firstExpiry = lease.expiresAt;
+            expect(firstExpiry).toBeLessThanOrEqual(started + 300 + 50);
+            let last = firstExpiry;
+            // Each extension is the event: once it happened, the lock must still be ours in the store.
+            while (Date.now() - started < 1_000) {
+              await until(() => lease.expiresAt > last || lease.signal.aborted, 1_000, 'an auto-extension');
+              expect(lease.signal.aborted).toBe(false);
+              last = lease.expiresAt;
+              extensions++;
+              expect(await other.tryAcquire(key)).toBeNull();
+            }
+            expect(Date.now()).toBeGreaterThan(firstExpiry + 500);
+            return 'done';
+          },
+          { ttl: 300 },
+        );
+        expect(value).toBe('done');
+        expect(extensions).toBeGreaterThanOrEqual(3);
+        expect(events).toEqual([]);
+        const after = await other.tryAcquire(key);
+        expect(after).not.toBeNull();
+        await after!.release();
+      });
+
+      it('aborts lease.signal with LockLostError and reports onError "lost" when the lock vanishes from the store', async () => {
+        const events: LockErrorEvent[] = [];
+        const f = await fixtureWith({ onError: (e) => events.push(e) });
+        const key = freshKey('vanished');
+        const value = await f.locker.using(
+          key,
+          async (lease) => {
+            await f.deleteBehindBack(key);
+            const reason = await abortReason(lease.signal, 3_000);
+            expect(reason).toBeInstanceOf(LockLostError);
+            expect(reason).toMatchObject({ code: 'LOCK_LOST', key });
+            await expect(lease.extend()).rejects.toBeInstanceOf(LockLostError);
+            return 'stopped';
+          },
+          { ttl: 300 },
+        );
+        expect(value).toBe('stopped');
+        expect(events.map((e) => e.operation)).toEqual(['lost']);
+        expect(events[0]!.key).toBe(key);
+        expect(events[0]!.error).toBeInstanceOf(LockLostError);
+        // Someone else can take it now.
+        const next = await f.newConnectionLocker().tryAcquire(key);
+        expect(next).not.toBeNull();
+        await next!.release();
+      });
+
+      it('with autoExtend: false, lets the lease expire while fn runs', async () => {
+        const f = await fixtureWith({ onError: () => undefined });
+        const key = freshKey('no-extend');
+        const other = f.newConnectionLocker();
+        await f.locker.using(
+          key,
+          async (lease) => {
+            const reason = await abortReason(lease.signal, 3_000, 'the lease to expire');
+            expect(reason).toBeInstanceOf(LockLostError);
+            const taken = await other.acquire(key, { wait: 2_000 });
+            expect(taken.fence).toBeGreaterThan(lease.fence);
+            await taken.release();
+          },
+          { ttl: 200, autoExtend: false },
+        );
+      });
+    });
+
+    describe('reentrancy', () => {
+      it('nests leases of one owner and frees the lock only after every nested lease is released', async () => {
+        const key = freshKey('reentrant');
+        const other = fx.newConnectionLocker();
+        const l1 = await fx.locker.acquire(key, { owner: 'worker-1', ttl: 10_000 });
+        const l2 = await fx.locker.acquire(key, { owner: 'worker-1', ttl: 10_000 });
+        // The same owner through another connection nests too: the owner is the caller's identity.
+        const l3 = await other.acquire(key, { owner: 'worker-1', ttl: 10_000 });
+        for (const nested of [l2, l3]) {
+          expect(nested.token).toBe(l1.token);
+          expect(nested.fence).toBe(l1.fence);
+        }
+
+        const blocked = async () => {
+          expect(await other.tryAcquire(key, { owner: 'worker-2' })).toBeNull();
+          expect(await other.tryAcquire(key)).toBeNull();
+        };
+        await blocked();
+
+        expect(await l2.release()).toBe(true);
+        expect(await l2.release()).toBe(false); // idempotent, and must not drop a second hold
+        await blocked();
+        expect(await l1.release()).toBe(true);
+        await blocked(); // l3 still holds
+        expect(await l3.release()).toBe(true);
+
+        const free = await other.tryAcquire(key, { owner: 'worker-2' });
+        expect(free).not.toBeNull();
+        expect(free!.fence).toBeGreaterThan(l1.fence);
+        await free!.release();
+      });
+    });
+
+    describe('fences', () => {
+      it('grow strictly across release and reacquire, across connections, and after expiry', async () => {
+        const key = freshKey('fence');
+        const lockers = [fx.locker, fx.newConnectionLocker(), fx.newConnectionLocker()];
+        const fences: number[] = [];
+        for (let i = 0; i < 12; i++) {
+          const lease = await lockers[i % lockers.length]!.acquire(key, { ttl: 5_000 });
+          fences.push(lease.fence);
+          await lease.release();
+        }
+        const expiring = await lockers[0]!.acquire(key, { ttl: 100 });
+        fences.push(expiring.fence);
+        await abortReason(expiring.signal, 3_000, 'the lease to expire');
+        const after = await lockers[1]!.acquire(key, { ttl: 5_000, wait: 2_000 });
+        fences.push(after.fence);
+        await after.release();
+        expect(firstNonIncreasing(fences)).toBe(-1);
+      });
+    });
+
+    describe('keys', () => {
+      const MB = 1 << 20;
+      const tricky = [
+        '{',
+        '}',
+        '{}',
+        'a{b}c',
+        '%',
+        '%7D',
+        '%7d',
+        '%25',
+        '%ud800',
+        'a',
+        'a}',
+        'a}:f', // shaped like the internal suffixes of key 'a'
+        'a}:q',
+        'a}:w',
+        'a}:d',
+        'a:f',
+        'a\0b',
+        'a\0c',
+        '\0',
+        'line\nbreak',
+        'line\r\nbreak',
+        '\uD800', // lone surrogates: ioredis would turn each into U+FFFD if sent as is
+        '\uDBFF',
+        '\uDC00',
+        '\uFFFD',
+        'x\uD800y',
+        '\uD83D\uDE00', // a valid pair
+        ' ',
+        'k'.repeat(MB),
+        `${'k'.repeat(MB - 1)}}`,
+      ];
+
+      it('takes any string as a key, and distinct keys never collide', async () => {
+        const other = fx.newConnectionLocker();
+        const held: Lease[] = [];
+        for (const key of tricky) {
+          const lease = await fx.locker.tryAcquire(key, { ttl: 10_000 });
+          expect(lease, `key ${JSON.stringify(key.slice(0, 20))} is free`).not.toBeNull();
+          expect(lease!.key).toBe(key);
+          held.push(lease!);
+        }
+        for (const key of tricky) {
+          expect(await other.tryAcquire(key), `key ${JSON.stringify(key.slice(0, 20))} is held`).toBeNull();
+        }
+        for (const lease of held) expect(await lease.release()).toBe(true);
+        // Fences of 'a' still grow after activity on keys shaped like its internal names.
+        const a = await other.acquire('a');
+        expect(a.fence).toBeGreaterThan(held[tricky.indexOf('a')]!.fence);
+        await a.release();
+      });
+
+      it('rejects an empty or non-string key with an error naming key', async () => {
+        await expectInvalid(() => fx.locker.acquire(''), 'key');
+        await expectInvalid(() => fx.locker.tryAcquire(''), 'key');
+        await expectInvalid(() => fx.locker.using('', async () => undefined), 'key');
+        await expectInvalid(() => fx.locker.acquire(5 as unknown as string), 'key');
+        await expectInvalid(() => fx.locker.acquire(undefined as unknown as string), 'key');
+      });
+    });
+  });
+}

@@ -1,0 +1,215 @@
+// RedisLock against a real redis-server beyond the shared contract: a dead or frozen server, and where keys and
+// channels live in Redis.
+import type { Redis } from 'ioredis';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import {
+  LockLostError,
+  LockUnavailableError,
+  RedisLock,
+  type LockErrorEvent,
+} from '../../packages/core/src/index.js';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { abortReason, rejection, uniquePrefix, until, within } from './helpers.js';
+
+afterAll(async () => {
+  await stopAll();
+});
+
+/** Asserts a LockUnavailableError that keeps its cause. */
+function expectUnavailable(error: unknown): void {
+  expect(error).toBeInstanceOf(LockUnavailableError);
+  expect(error).toMatchObject({ code: 'LOCK_UNAVAILABLE', name: 'LockUnavailableError' });
+  expect((error as Error).cause).toBeDefined();
+}
+
+describe('RedisLock when Redis fails', () => {
+  let node: RedisNode;
+  const clients: Redis[] = [];
+  const lockers: RedisLock[] = [];
+
+  /** A RedisLock on a client with ioredis's default options (the harness only adds an error listener). */
+  const locker = (options: ConstructorParameters<typeof RedisLock>[1] = {}): { redis: Redis; locks: RedisLock } => {
+    const redis = node.client();
+    const locks = new RedisLock(redis, { prefix: uniquePrefix('fail'), ...options });
+    clients.push(redis);
+    lockers.push(locks);
+    return { redis, locks };
+  };
+
+  beforeAll(async () => {
+    node = await startRedis();
+  });
+
+  afterEach(async () => {
+    for (const l of lockers.splice(0)) l.close();
+    for (const c of clients.splice(0)) c.disconnect();
+    // Leave the node running and answering for the next test, whatever this one did to it.
+    try {
+      node.resume();
+    } catch {
+      // not running: restarted below
+    }
+    const probe = node.client({ lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0 });
+    const up = await probe
+      .connect()
+      .then(() => probe.ping())
+      .catch(() => 'down');
+    probe.disconnect();
+    if (up !== 'PONG') await node.restart();
+  });
+
+  it('rejects LockUnavailableError at once while the server is down, and works again after a restart', async () => {
+    const { redis, locks } = locker();
+    const held = await locks.acquire('held', { ttl: 30_000 });
+    expect(await locks.tryAcquire('k')).not.toBeNull();
+
+    await node.kill();
+    // Every operation fails with the typed error within a bounded time (never ioredis's retry budget).
+    const bounded = <T>(p: Promise<T>, what: string) => within(rejection(p), 3_000, what);
+    expectUnavailable(await bounded(locks.tryAcquire('k2'), 'tryAcquire'));
+    expectUnavailable(await bounded(locks.acquire('k2'), 'acquire'));
+    expectUnavailable(await bounded(locks.acquire('k2', { wait: 5_000 }), 'acquire with wait'));
+    let ran = false;
+    expectUnavailable(
+      await bounded(
+        locks.using('k2', async () => {
+          ran = true;
+        }),
+        'using',
+      ),
+    );
+    expect(ran).toBe(false);
+    expectUnavailable(await bounded(held.extend(), 'extend'));
+    expectUnavailable(await bounded(held.release(), 'release'));
+
+    await node.restart();
+    // The client reconnects on its own (ioredis's retry strategy); then everything works again.
+    await until(async () => (await redis.ping().catch(() => 'down')) === 'PONG', 10_000, 'the client to reconnect');
+    // ioredis re-sends commands that were in flight when the socket died (autoResendUnfulfilledCommands), so an
+    // acquire that already failed for us can land now; the locker hands such a late grant back at once.
+    const lease = await locks.acquire('k2', { ttl: 5_000, wait: 2_000 });
+    expect(await locks.tryAcquire('k2')).toBeNull();
+    expect(await lease.release()).toBe(true);
+    // A failed release may be retried; the lock died with the server's data, so there is nothing left to free.
+    expect(await held.release()).toBe(false);
+  });
+
+  it('rejects within the timeout while the server is frozen, and hands back an acquire that lands late', async () => {
+    const { redis, locks } = locker({ timeout: 300 });
+    expect(await redis.ping()).toBe('PONG');
+    node.pause();
+    const started = performance.now();
+    expectUnavailable(await within(rejection(locks.tryAcquire('late', { ttl: 30_000 })), 3_000, 'tryAcquire'));
+    const took = performance.now() - started;
+    expect(took).toBeGreaterThanOrEqual(290);
+    expect(took).toBeLessThan(1_000);
+    node.resume();
+    // The acquire queued in the frozen server is granted when it thaws; the locker releases it instead of leaving
+    // the key held for its 30 s ttl.
+    await until(
+      async () => {
+        const lease = await locks.tryAcquire('late');
+        if (lease) await lease.release();
+        return lease !== null;
+      },
+      2_000,
+      'the late acquire to be handed back',
+      20,
+    );
+  });
+
+  it('fails within the default 2 s timeout on a frozen server, well before ioredis gives up', async () => {
+    const { redis, locks } = locker();
+    expect(await redis.ping()).toBe('PONG');
+    node.pause();
+    const started = performance.now();
+    expectUnavailable(await within(rejection(locks.acquire('frozen', { wait: 10_000 })), 4_000, 'acquire'));
+    expect(performance.now() - started).toBeLessThan(3_000);
+  });
+
+  it('aborts the lease signal and reports extend failures when auto-extension cannot reach Redis', async () => {
+    const events: LockErrorEvent[] = [];
+    const { locks } = locker({ onError: (e) => events.push(e) });
+    const outcome = await locks.using(
+      'auto',
+      async (lease) => {
+        await node.kill();
+        const reason = await abortReason(lease.signal, 3_000, 'the lease to be given up');
+        expect(reason).toBeInstanceOf(LockLostError);
+        return 'stopped';
+      },
+      { ttl: 600 },
+    );
+    // fn's outcome wins; the failed release is reported, not thrown.
+    expect(outcome).toBe('stopped');
+    const ops = events.map((e) => e.operation);
+    expect(ops).toContain('extend');
+    expect(ops).toContain('lost');
+    expect(ops[ops.length - 1]).toBe('release');
+    for (const e of events) {
+      expect(e.key).toBe('auto');
+      if (e.operation !== 'lost') expectUnavailable(e.error);
+    }
+  });
+});
+
+describe('RedisLock keys and channels', () => {
+  let node: RedisNode;
+  let admin: Redis;
+
+  beforeAll(async () => {
+    node = await startRedis();
+    admin = node.client();
+  });
+
+  it('writes only keys and channels under its prefix, whatever the key', async () => {
+    await node.flush();
+    const prefix = uniquePrefix('ns');
+    const a = new RedisLock(node.client(), { prefix });
+    const b = new RedisLock(node.client(), { prefix });
+    const keys = ['plain', '}', '{', '%7D', 'x}:f', 'a\0b', '\n', '\uD800', '\uDBFF', 'k'.repeat(1 << 20)];
+    const held = [];
+    for (const key of keys) {
+      const lease = await a.acquire(key, { ttl: 10_000 });
+      // A waiter creates the queue keys and the wake-up channel too.
+      const waiter = b.acquire(key, { wait: 5_000 });
+      waiter.catch(() => undefined);
+      held.push({ lease, waiter });
+    }
+    // Each key has its lock, fence, queue and deadlines once its waiter has queued; its channel once it subscribed.
+    await until(async () => (await admin.dbsize()) >= keys.length * 4, 5_000, 'every waiter to queue');
+    await until(
+      async () => ((await admin.pubsub('CHANNELS')) as string[]).length >= keys.length,
+      5_000,
+      'every waiter to subscribe',
+    );
+    const all = await admin.keys('*');
+    for (const name of all) expect(name.startsWith(prefix), name.slice(0, 80)).toBe(true);
+    const channels = (await admin.pubsub('CHANNELS')) as string[];
+    for (const channel of channels) expect(channel.startsWith(prefix), channel.slice(0, 80)).toBe(true);
+
+    for (const { lease, waiter } of held) {
+      await lease.release();
+      await (await waiter).release();
+    }
+    a.close();
+    b.close();
+  });
+
+  it('keeps a key shaped like another key’s internal name apart from it', async () => {
+    await node.flush();
+    const prefix = uniquePrefix('shape');
+    const locks = new RedisLock(node.client(), { prefix });
+    const a = await locks.acquire('a');
+    const before = new Set(await admin.keys('*'));
+    const forged = await locks.acquire('a}:f');
+    const added = (await admin.keys('*')).filter((k) => !before.has(k));
+    // 'a}:f' gets names of its own (its lock and fence); none of 'a''s names was touched or reused.
+    expect(added.length).toBeGreaterThanOrEqual(2);
+    for (const name of added) expect(before.has(name)).toBe(false);
+    expect(await admin.type([...before].find((k) => k.endsWith(':f'))!)).toBe('string');
+    expect(await a.release()).toBe(true);
+    expect(await forged.release()).toBe(true);
+    locks.close();
+  });
+});

@@ -1,0 +1,76 @@
+// Runs the shared Locker contract against Redlock over five private redis-server masters.
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll } from 'vitest';
+import { Redlock, type LockerOptions } from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
+import { lockContract, type LockerFixture, type MakeLocker } from '../core/lock-contract.js';
+import { freshPrefix } from './support.js';
+
+/** The parts of Redlock's store the fixture reads to see a waiter with its wake-up armed. */
+interface WakeupsInternals {
+  channels: Map<string, { listeners: Set<unknown>; ready: Promise<unknown> | undefined }>;
+}
+
+let nodes: RedisNode[];
+
+beforeAll(async () => {
+  nodes = await startRedisNodes(5);
+});
+
+afterAll(async () => {
+  await stopAll();
+});
+
+/** Redlock on the five nodes: every locker gets its own five connections and shares the fixture's prefix. */
+const redlockFixture: MakeLocker = async (options?: LockerOptions): Promise<LockerFixture> => {
+  const prefix = freshPrefix('contract');
+  const clients: Redis[] = [];
+  const lockers: Redlock[] = [];
+  const make = (): Redlock => {
+    const own = nodes.map((n) => n.client());
+    clients.push(...own);
+    const locker = new Redlock(own, { ...options, prefix });
+    lockers.push(locker);
+    return locker;
+  };
+  const locker = make();
+  const admins = nodes.map((n) => n.client());
+  clients.push(...admins);
+  return {
+    locker,
+    newConnectionLocker: make,
+    // Redlock keeps no queue: a waiter counts once it listens on some node (one live subscription is enough to wake
+    // it) and that subscription is confirmed; it attempts again right after, so a release from then on reaches it.
+    waiting: async (key) => {
+      const channel = lockNames(prefix, key).channel;
+      let n = 0;
+      for (const l of lockers) {
+        const wakeups = (l as unknown as { store: { wakeups: WakeupsInternals[] } }).store.wakeups;
+        const armed = await Promise.all(
+          wakeups.map(async (w) => {
+            const ch = w.channels.get(channel);
+            if (!ch || ch.listeners.size === 0 || !ch.ready) return false;
+            return ch.ready.then(
+              () => true,
+              () => false,
+            );
+          }),
+        );
+        if (armed.some(Boolean)) n++;
+      }
+      return n;
+    },
+    deleteBehindBack: async (key) => {
+      // Every node loses the lock: the one failure Redlock cannot survive, as on a single node.
+      await Promise.all(admins.map((a) => a.del(lockNames(prefix, key).lock)));
+    },
+    roundTrip: () => admins[0]!.incr(`${prefix}critical-sections`),
+    cleanup: async () => {
+      for (const l of lockers) l.close();
+      for (const c of clients) c.disconnect();
+    },
+  };
+};
+
+lockContract('Redlock (5 nodes)', redlockFixture);

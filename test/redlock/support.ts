@@ -1,0 +1,116 @@
+// Shared pieces of the Redlock fault tests: five private masters, Redlocks with their own connections, a view of
+// what each node stores, and waits on ioredis connection states (events, bounded in time).
+import type { Redis } from 'ioredis';
+import { Redlock, type RedlockOptions } from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import type { RedisNode } from '../harness/redis.js';
+import { uniquePrefix, within } from '../core/helpers.js';
+
+/** How long a node may take to come back (restart and ioredis reconnect, whose backoff grows to 2 s). */
+export const RECONNECT_MS = 10_000;
+
+/** Five masters with one always-reconnecting admin connection each, for looking at what the nodes store. */
+export class Nodes {
+  readonly admins: Redis[];
+
+  constructor(readonly nodes: RedisNode[]) {
+    // No retry budget per command: an admin command on a dead node should fail, not sit in the offline queue.
+    this.admins = nodes.map((n) => n.client({ maxRetriesPerRequest: 0 }));
+  }
+
+  /** A Redlock with its own connection to every node; the connections are returned for state checks. */
+  redlock(options: RedlockOptions = {}): { locker: Redlock; clients: Redis[] } {
+    const clients = this.nodes.map((n) => n.client());
+    return { locker: new Redlock(clients, options), clients };
+  }
+
+  /** Every key on node `i` (a test's own prefix keeps the listing small). */
+  async keys(i: number, pattern = '*'): Promise<string[]> {
+    return (await this.admins[i]!.keys(pattern)).sort();
+  }
+
+  /** The fence stored on node `i` for `key`, or null when the node has none. */
+  async fenceOn(i: number, prefix: string, key: string): Promise<number | null> {
+    const v = await this.admins[i]!.get(lockNames(prefix, key).fence);
+    return v === null ? null : Number(v);
+  }
+
+  /** The lock hash on node `i` for `key` ({t, o, n, f}), or null when the key is free there. */
+  async lockOn(i: number, prefix: string, key: string): Promise<Record<string, string> | null> {
+    const h = await this.admins[i]!.hgetall(lockNames(prefix, key).lock);
+    return Object.keys(h).length === 0 ? null : h;
+  }
+
+  /** SIGKILLs nodes `ids` and waits until `clients` (and the admin connections) have noticed. */
+  async kill(ids: readonly number[], clients: readonly Redis[][] = []): Promise<void> {
+    await Promise.all(ids.map((i) => this.nodes[i]!.kill()));
+    await Promise.all(ids.flatMap((i) => [this.admins[i]!, ...clients.map((c) => c[i]!)]).map((c) => notReady(c)));
+  }
+
+  /** Restarts nodes `ids` (empty: no persistence) and waits until `clients` and the admin connections are ready. */
+  async restart(ids: readonly number[], clients: readonly Redis[][] = []): Promise<void> {
+    await Promise.all(ids.map((i) => this.nodes[i]!.restart()));
+    await Promise.all(ids.flatMap((i) => [this.admins[i]!, ...clients.map((c) => c[i]!)]).map((c) => ready(c)));
+  }
+
+  /** Resumes every paused node (a no-op on running ones); nodes that are not running are left alone. */
+  resumeAll(): void {
+    for (const n of this.nodes) {
+      try {
+        n.resume();
+      } catch {
+        // not running
+      }
+    }
+  }
+}
+
+/** A fresh prefix for one test: keeps its keys apart from every other test's on the shared nodes. */
+export function freshPrefix(tag: string): string {
+  return uniquePrefix(`redlock:${tag}`);
+}
+
+/** Resolves once `client` is connected and ready (ioredis 'ready' event), within {@link RECONNECT_MS}. */
+export function ready(client: Redis): Promise<void> {
+  if (client.status === 'ready') return Promise.resolve();
+  return within(
+    new Promise<void>((resolve) => client.once('ready', () => resolve())),
+    RECONNECT_MS,
+    `reconnect to port ${String(client.options.port)}`,
+  );
+}
+
+/** Resolves once `client` has seen its connection close (status no longer 'ready'). */
+export function notReady(client: Redis): Promise<void> {
+  if (client.status !== 'ready') return Promise.resolve();
+  return within(
+    new Promise<void>((resolve) => client.once('close', () => resolve())),
+    RECONNECT_MS,
+    `port ${String(client.options.port)} to close`,
+  );
+}
+
+/** Index of the first element not strictly greater than its predecessor, or -1. */
+export function firstNonIncreasing(values: readonly number[]): number {
+  for (let i = 1; i < values.length; i++) if (!(values[i]! > values[i - 1]!)) return i;
+  return -1;
+}
+
+/** Milliseconds `fn` took, with its outcome. */
+export async function timed<T>(fn: () => Promise<T>): Promise<{ ms: number; value?: T; error?: unknown }> {
+  const started = performance.now();
+  try {
+    const value = await fn();
+    return { ms: performance.now() - started, value };
+  } catch (error) {
+    return { ms: performance.now() - started, error };
+  }
+}
+
+/** Collects unhandled rejections while installed; tests assert the list stays empty. */
+export function trackUnhandled(): { reasons: unknown[]; stop(): void } {
+  const reasons: unknown[] = [];
+  const onRejection = (reason: unknown) => reasons.push(reason);
+  process.on('unhandledRejection', onRejection);
+  return { reasons, stop: () => process.off('unhandledRejection', onRejection) };
+}
