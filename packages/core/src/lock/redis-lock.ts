@@ -1,4 +1,5 @@
 // RedisLock: the Locker on one Redis node (or one Cluster).
+import { checkPrefix } from '../redis/keys.js';
 import type { RedisClient, RedisLockOptions } from '../types.js';
 import * as v from '../util/validate.js';
 import { BaseLocker, resolveLockerOptions } from './locker.js';
@@ -34,7 +35,7 @@ export class RedisLock extends BaseLocker {
     const o = { ...REDIS_LOCK_DEFAULTS, ...v.definedOnly(options) };
     v.knownKeys('RedisLock', v.definedOnly(options), OPTIONS);
     const base = resolveLockerOptions(o);
-    const prefix = v.string('prefix', o.prefix);
+    const prefix = checkPrefix(v.string('prefix', o.prefix));
     const timeout = v.duration('timeout', o.timeout);
     super(new RedisLockStore(redis, prefix, timeout, REDIS_LOCK_DEFAULTS.driftFactor), base);
   }

@@ -1,4 +1,5 @@
 // Redlock: the Locker over N independent Redis masters, sharing leases, waiting and extension with RedisLock.
+import { checkPrefix } from '../redis/keys.js';
 import type { RedisClient, RedlockOptions } from '../types.js';
 import * as v from '../util/validate.js';
 import { BaseLocker, resolveLockerOptions } from './locker.js';
@@ -55,7 +56,7 @@ export class Redlock extends BaseLocker {
     const base = resolveLockerOptions(o);
     super(
       new RedlockStore(clients, {
-        prefix: v.string('prefix', o.prefix),
+        prefix: checkPrefix(v.string('prefix', o.prefix)),
         timeout: v.duration('timeout', o.timeout),
         nodeTimeout: o.nodeTimeout === undefined ? undefined : v.duration('nodeTimeout', o.nodeTimeout),
         driftFactor,

@@ -1,5 +1,6 @@
 // TokenBucket: a continuous token bucket per key, in memory or atomically on Redis with the server's clock.
 import { assertClient } from '../lock/redis-lock.js';
+import { checkPrefix } from '../redis/keys.js';
 import type { Decision, TokenBucketOptions } from '../types.js';
 import * as v from '../util/validate.js';
 import { type BucketStore, MemoryBucketStore, RedisBucketStore } from './bucket-store.js';
@@ -45,7 +46,7 @@ export class TokenBucket {
     this.capacity = v.positiveNumber('capacity', o.capacity);
     this.rate = parseRate(o.rate);
     const params = gcraParams(this.capacity, this.rate);
-    const prefix = v.string('prefix', o.prefix);
+    const prefix = checkPrefix(v.string('prefix', o.prefix));
     const timeout = v.duration('timeout', o.timeout);
     if (o.redis !== undefined) {
       assertClient('redis', o.redis);

@@ -4,6 +4,11 @@
 // after the prefix always closes the hash tag: all names of one key share a slot whatever K contains, and no suffix
 // of one key can be forged by another key. encode() is injective: it escapes '%' and '}' and spells out lone UTF-16
 // surrogates, which ioredis would otherwise turn into U+FFFD and so make distinct keys collide.
+//
+// Redis takes the hash tag from the FIRST '{' of a name and the first '}' after it, so a prefix holding a complete tag
+// would decide the slot instead: `app{x}:` pins every key of every user to one slot (correct but one hot shard), and
+// `app{}:` makes an empty tag, so each name hashes whole and one key's names land in different slots (CROSSSLOT on every
+// script). checkPrefix() refuses such prefixes at construction; a lone '{' or '}' is harmless and allowed.
 
 /** An injective, `}`-free spelling of a user key. */
 export function encodeKey(key: string): string {
@@ -29,4 +34,21 @@ export function encodeKey(key: string): string {
 /** The hash-tagged stem shared by every Redis name of `key`. */
 export function keyStem(prefix: string, key: string): string {
   return `${prefix}{${encodeKey(key)}}`;
+}
+
+/**
+ * Validates a `prefix` option: any string without a Redis Cluster hash tag (a '{' followed later by a '}'), since such
+ * a tag would override the per-key tag of {@link keyStem}.
+ * @throws TypeError naming `prefix` for a non-string or a prefix holding a hash tag
+ */
+export function checkPrefix(prefix: unknown): string {
+  if (typeof prefix !== 'string') throw new TypeError(`prefix must be a string, got ${typeof prefix}`);
+  const open = prefix.indexOf('{');
+  if (open >= 0 && prefix.indexOf('}', open + 1) >= 0) {
+    throw new TypeError(
+      `prefix must not contain a Redis Cluster hash tag ('{' followed by '}'): hasp tags each key itself so all of a ` +
+        `key's names share one slot, got ${JSON.stringify(prefix.length > 40 ? `${prefix.slice(0, 37)}...` : prefix)}`,
+    );
+  }
+  return prefix;
 }
