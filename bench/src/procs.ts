@@ -1,21 +1,15 @@
-// Process bookkeeping for the benchmark: private redis-server processes on free loopback ports, forked Node children
-// that speak a small IPC protocol, and a cleanup that kills exactly the PIDs this run started (also on error and SIGINT).
-import { type ChildProcess, fork, spawn } from 'node:child_process';
-import fs from 'node:fs';
-import net from 'node:net';
-import os from 'node:os';
+// Process bookkeeping for the benchmark: forked Node children that speak a small IPC protocol, spawned tools
+// (redis-benchmark), and a cleanup that kills exactly the PIDs this run started (also on error and SIGINT).
+import { type ChildProcess, fork, type Serializable, spawn } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as delay } from 'node:timers/promises';
-import { Redis } from 'ioredis';
 
-const HOST = '127.0.0.1';
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 /** The child entry point every forked benchmark process runs. */
 const CHILD = path.join(HERE, 'child.ts');
 
 const live = new Map<number, { child: ChildProcess; what: string }>();
-const tempDirs = new Set<string>();
 let hooked = false;
 
 /** Kills every process this run started, by PID, synchronously (safe inside 'exit'). */
@@ -28,8 +22,6 @@ export function killAll(): void {
     }
   }
   live.clear();
-  for (const dir of tempDirs) fs.rmSync(dir, { recursive: true, force: true });
-  tempDirs.clear();
 }
 
 function installHooks(): void {
@@ -51,81 +43,6 @@ function track(child: ChildProcess, what: string): void {
   const pid = child.pid;
   live.set(pid, { child, what });
   child.once('exit', () => live.delete(pid));
-}
-
-/** A free TCP port on the loopback interface. */
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.unref();
-    srv.once('error', reject);
-    srv.listen(0, HOST, () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-/** One private redis-server. */
-export interface RedisServer {
-  readonly port: number;
-  readonly pid: number;
-  stop(): Promise<void>;
-}
-
-/** Starts a persistence-free redis-server on a free loopback port and waits until it answers PING. */
-export async function startRedis(): Promise<RedisServer> {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'hasp-bench-redis-'));
-  tempDirs.add(dir);
-  for (let tries = 0; ; tries++) {
-    const port = await freePort();
-    const child = spawn(
-      'redis-server',
-      ['--port', String(port), '--bind', HOST, '--save', '', '--appendonly', 'no', '--dir', dir, '--protected-mode', 'no', '--loglevel', 'warning'],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
-    );
-    let stderr = '';
-    child.stderr?.on('data', (d: Buffer) => {
-      stderr = (stderr + d.toString()).slice(-4096);
-    });
-    track(child, `redis-server :${port}`);
-    const client = new Redis({ port, host: HOST, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
-    client.on('error', () => undefined);
-    const deadline = Date.now() + 10_000;
-    let ok = false;
-    while (Date.now() < deadline && child.exitCode === null) {
-      try {
-        await client.connect();
-        await client.ping();
-        ok = true;
-        break;
-      } catch {
-        client.disconnect();
-        await delay(25);
-      }
-    }
-    client.disconnect();
-    if (ok) {
-      const pid = child.pid!;
-      return {
-        port,
-        pid,
-        stop: async () => {
-          if (child.exitCode !== null || child.signalCode !== null) return;
-          const exited = new Promise((r) => child.once('exit', r));
-          process.kill(pid, 'SIGTERM');
-          await Promise.race([exited, delay(3_000)]);
-          if (child.exitCode === null && child.signalCode === null) process.kill(pid, 'SIGKILL');
-        },
-      };
-    }
-    try {
-      process.kill(child.pid!, 'SIGKILL');
-    } catch {
-      // gone
-    }
-    if (tries >= 2) throw new Error(`redis-server did not start: ${stderr.trim()}`);
-  }
 }
 
 /** A message a child sends back. */
@@ -162,7 +79,7 @@ export function forkChild(job: unknown, options: { nodeArgs?: string[]; env?: Re
     inbox.push({ type: 'error', message: `${what} exited (code ${code}, signal ${signal}) before answering` });
     for (const w of [...waiters]) w();
   });
-  child.send(job);
+  child.send(job as Serializable);
   return {
     pid: child.pid!,
     next(type, timeoutMs) {
@@ -185,7 +102,7 @@ export function forkChild(job: unknown, options: { nodeArgs?: string[]; env?: Re
       });
     },
     send(message) {
-      if (!exited && child.connected) child.send(message as object);
+      if (!exited && child.connected) child.send(message as Serializable);
     },
     async stop() {
       if (child.exitCode !== null || child.signalCode !== null) return;

@@ -3,6 +3,8 @@
 // Redis, and keeps its library's default response headers.
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import * as haspExpress from '@hasp/express';
+import * as haspKoa from '@hasp/koa';
 import express, { type ErrorRequestHandler, type RequestHandler } from 'express';
 import { rateLimit as erlRateLimit } from 'express-rate-limit';
 import { Redis } from 'ioredis';
@@ -28,25 +30,13 @@ export const LIMITS: Record<Regime, { capacity: number; perMinute: number }> = {
   flooded: { capacity: 100, perMinute: 100 },
 };
 
-/** What the benchmark needs from @hasp/express and @hasp/koa (SPEC.md "Middleware"). */
-interface HaspAdapter {
-  rateLimit(options: { capacity: number; rate: string; redis: Redis; key: (reqOrCtx: never) => string | undefined }): unknown;
-  withLock(key: (reqOrCtx: never) => string | undefined, options: { redis: Redis }): unknown;
-}
-
-/** Loads a hasp adapter by name without a static import, so the bench builds and typechecks before they exist. */
-export async function loadAdapter(framework: Framework): Promise<HaspAdapter> {
-  const name = `@hasp/${framework}`;
-  return (await import(name)) as HaspAdapter;
-}
-
 const header = (h: http.IncomingHttpHeaders): string | undefined => h['x-key'] as string | undefined;
 
 export async function startServer(job: HttpServerJob): Promise<{ port: number; close(): Promise<void> }> {
   const redis = new Redis({ port: job.redisPort, host: '127.0.0.1' });
   await redis.ping();
   const { capacity, perMinute } = LIMITS[job.regime];
-  const handler = job.framework === 'express' ? await expressApp(job, redis, capacity, perMinute) : await koaApp(job, redis, capacity, perMinute);
+  const handler = job.framework === 'express' ? expressApp(job, redis, capacity, perMinute) : koaApp(job, redis, capacity, perMinute);
   const server = http.createServer(handler);
   server.keepAliveTimeout = 60_000;
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -60,19 +50,19 @@ export async function startServer(job: HttpServerJob): Promise<{ port: number; c
   };
 }
 
-async function expressApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: number): Promise<http.RequestListener> {
+function expressApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: number): http.RequestListener {
   const app = express();
   let mw: RequestHandler | undefined;
   switch (job.variant) {
     case 'bare':
       break;
     case 'hasp':
-      mw = (await loadAdapter('express')).rateLimit({ capacity, rate: `${perMinute}/min`, redis, key: (req: express.Request) => header(req.headers) }) as RequestHandler;
+      mw = haspExpress.rateLimit({ capacity, rate: `${perMinute}/min`, redis, key: (req) => header(req.headers) });
       break;
     case 'hasp-lock': {
       // Distinct keys: a fresh key per request, so no request ever waits for another.
       let n = 0;
-      mw = (await loadAdapter('express')).withLock(() => `req:${++n}`, { redis }) as RequestHandler;
+      mw = haspExpress.withLock(() => `req:${++n}`, { redis });
       break;
     }
     case 'erl':
@@ -111,18 +101,18 @@ async function expressApp(job: HttpServerJob, redis: Redis, capacity: number, pe
   return app;
 }
 
-async function koaApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: number): Promise<http.RequestListener> {
+function koaApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: number): http.RequestListener {
   const app = new Koa();
   let mw: Middleware | undefined;
   switch (job.variant) {
     case 'bare':
       break;
     case 'hasp':
-      mw = (await loadAdapter('koa')).rateLimit({ capacity, rate: `${perMinute}/min`, redis, key: (ctx: Koa.Context) => header(ctx.headers) }) as Middleware;
+      mw = haspKoa.rateLimit({ capacity, rate: `${perMinute}/min`, redis, key: (ctx) => header(ctx.headers) });
       break;
     case 'hasp-lock': {
       let n = 0;
-      mw = (await loadAdapter('koa')).withLock(() => `req:${++n}`, { redis }) as Middleware;
+      mw = haspKoa.withLock(() => `req:${++n}`, { redis });
       break;
     }
     case 'rlf': {
@@ -143,7 +133,8 @@ async function koaApp(job: HttpServerJob, redis: Redis, capacity: number, perMin
     case 'koa-ratelimit':
       mw = koaRatelimit({
         driver: 'redis',
-        db: redis,
+        // @types/koa-ratelimit still names ioredis 4's class; the driver only calls multi/eval on it.
+        db: redis as never,
         duration: 60_000,
         max: perMinute,
         id: (ctx) => header(ctx.headers) ?? '',

@@ -1,0 +1,386 @@
+// Turns one run's medians into the markdown report: the machine, one table per case family with every figure also as a
+// ratio to the baseline measured in the same run, and the issue's targets marked PASS or FAIL from those numbers.
+import { execFileSync } from 'node:child_process';
+import os from 'node:os';
+import { Redis } from 'ioredis';
+import { CEILING_LABELS, type CeilingCase, type CeilingResult } from './ceiling.js';
+import type { Framework, HttpVariant, Regime } from './http/apps.js';
+import type { LoadResult } from './http/load.js';
+import { isHasp, type LockSpec, lockLabel } from './locks/libs.js';
+import type { ContendedResult, UncontendedResult } from './locks/run.js';
+import type { HeapRow, RedisMemoryRow } from './memory.js';
+
+export interface Config {
+  quick: boolean;
+  rounds: number;
+  ceiling: { requests: number; pipelinedRequests: number };
+  locks: { workers: number; warmupMs: number; measureMs: number };
+  contended: { workers: number; holdMs: number; warmupMs: number; measureMs: number };
+  http: { connections: number; warmupSec: number; seconds: number };
+  heap: { requests: number; keys: number };
+}
+
+/** One case: every run's numbers, the errors of runs that failed, and the per-field median of the runs. */
+export interface Row<C, R> {
+  case: C;
+  runs: R[];
+  errors: string[];
+  median: R | null;
+}
+
+export interface Meta {
+  date: string;
+  command: string;
+  commit: string;
+  cpu: string;
+  cores: number;
+  memoryGb: number;
+  os: string;
+  node: string;
+  redis: string;
+  loadBefore: number[];
+  loadAfter?: number[];
+  seconds?: number;
+}
+
+export interface HttpCaseSpec {
+  framework: Framework;
+  variant: HttpVariant;
+  regime: Regime;
+}
+
+export interface Results {
+  meta: Meta;
+  config: Config;
+  ceiling: Row<CeilingCase, CeilingResult>[];
+  uncontended: Row<LockSpec, UncontendedResult>[];
+  contended: Row<LockSpec, ContendedResult>[];
+  http: Row<HttpCaseSpec, LoadResult>[];
+  memory: { redis: RedisMemoryRow[]; heap: HeapRow[] } | null;
+}
+
+/** What the run ran on, so numbers from different machines are never compared by accident. */
+export async function machine(redisPort: number, command: string): Promise<Meta> {
+  const redis = new Redis({ port: redisPort, host: '127.0.0.1' });
+  const info = (await redis.info('server')) as string;
+  redis.disconnect();
+  let commit = 'unknown';
+  try {
+    commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { encoding: 'utf8' }).trim();
+    const dirty = execFileSync('git', ['status', '--porcelain', '--', 'packages'], { encoding: 'utf8' }).trim();
+    if (dirty) commit += ' (+ uncommitted changes in packages/)';
+  } catch {
+    // not a git checkout
+  }
+  const cpus = os.cpus();
+  return {
+    date: new Date().toISOString(),
+    command,
+    commit,
+    cpu: cpus[0]?.model.trim() ?? 'unknown',
+    cores: cpus.length,
+    memoryGb: Math.round(os.totalmem() / 2 ** 30),
+    os: `${os.type()} ${os.release()} ${os.arch()}`,
+    node: process.version,
+    redis: /redis_version:(\S+)/.exec(info)?.[1] ?? 'unknown',
+    loadBefore: os.loadavg().map((x) => Math.round(x * 100) / 100),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Formatting
+
+const int = (x: number | undefined) => (x === undefined || !Number.isFinite(x) ? 'n/a' : Math.round(x).toLocaleString('en-US'));
+const ms = (x: number | undefined) => (x === undefined || !Number.isFinite(x) ? 'n/a' : x < 10 ? x.toFixed(2) : x < 100 ? x.toFixed(1) : x.toFixed(0));
+const ratio = (x: number | undefined) => (x === undefined || !Number.isFinite(x) ? 'n/a' : `${x.toFixed(2)}×`);
+const pct = (x: number) => `${(x * 100).toFixed(x > 0 && x < 0.01 ? 2 : 1)}%`;
+const mb = (x: number) => (Number.isFinite(x) ? x.toFixed(1) : 'n/a');
+
+function table(head: string[], rows: string[][]): string {
+  const line = (cells: string[]) => `| ${cells.join(' | ')} |`;
+  return [line(head), line(head.map(() => '---')), ...rows.map(line)].join('\n');
+}
+
+function failed<C, R>(row: Row<C, R>): string {
+  return row.errors.length ? ` (${row.errors.length} run(s) failed: ${row.errors[0]!.slice(0, 120)})` : '';
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Targets
+
+export interface Target {
+  name: string;
+  measured: string;
+  pass: boolean | null;
+}
+
+const FRAMEWORK_NAME: Record<Framework, string> = { express: 'Express', koa: 'Koa' };
+const VARIANT_NAME: Record<HttpVariant, string> = {
+  bare: 'bare (no limiter)',
+  hasp: 'hasp rateLimit (Redis)',
+  erl: 'express-rate-limit + rate-limit-redis',
+  rlf: 'rate-limiter-flexible (RateLimiterRedis)',
+  'koa-ratelimit': 'koa-ratelimit (Redis)',
+  'hasp-lock': 'hasp withLock (Redis, distinct keys)',
+};
+
+function bestPeer(rows: Row<LockSpec, UncontendedResult>[], nodes: number): Row<LockSpec, UncontendedResult> | undefined {
+  return rows
+    .filter((r) => r.case.nodes === nodes && !isHasp(r.case.lib) && r.median)
+    .sort((a, b) => b.median!.cyclesPerSec - a.median!.cyclesPerSec)[0];
+}
+
+function httpRow(rows: Results['http'], framework: Framework, variant: HttpVariant, regime: Regime): LoadResult | undefined {
+  return rows.find((r) => r.case.framework === framework && r.case.variant === variant && (variant === 'bare' || r.case.regime === regime))?.median ?? undefined;
+}
+
+/** The issue's targets, judged from this run's medians; `pass: null` when the case did not run. */
+export function targets(res: Results): Target[] {
+  const out: Target[] = [];
+  const add = (name: string, measured: string, pass: boolean | null) => out.push({ name, measured, pass });
+
+  if (res.uncontended.length) {
+    for (const [nodes, lib, need] of [
+      [1, 'hasp', 1.5],
+      [5, 'hasp-redlock', 2],
+    ] as const) {
+      const hasp = res.uncontended.find((r) => r.case.lib === lib && r.case.nodes === nodes)?.median;
+      const peer = bestPeer(res.uncontended, nodes);
+      const r = hasp && peer ? hasp.cyclesPerSec / peer.median!.cyclesPerSec : NaN;
+      add(
+        `Locks uncontended, ${nodes} node${nodes > 1 ? 's' : ''}: ${lib === 'hasp' ? 'RedisLock' : 'Redlock'} ≥ ${need}× the best peer`,
+        peer ? `${int(hasp?.cyclesPerSec)} vs ${int(peer.median!.cyclesPerSec)} cycles/s (${lockLabel(peer.case)}) = ${ratio(r)}` : 'n/a',
+        Number.isFinite(r) ? r >= need : null,
+      );
+    }
+  }
+
+  if (res.contended.length) {
+    const hasp = res.contended.find((r) => r.case.lib === 'hasp')?.median;
+    const local = res.contended.find((r) => r.case.lib === 'local')?.median;
+    const ok = (b: boolean) => (hasp ? b : null);
+    add('Contended (RedisLock, 8 workers, 1 ms hold): wait p99 ≤ 20 ms', `${ms(hasp?.waitP99)} ms`, ok((hasp?.waitP99 ?? Infinity) <= 20));
+    add('Contended: no failed acquisitions within `wait`', `${int(hasp?.failures)} failed`, ok(hasp?.failures === 0));
+    const fair = hasp ? hasp.perWorkerMin / hasp.perWorkerMax : NaN;
+    add('Contended: no worker below 0.7× the busiest', `min/max = ${int(hasp?.perWorkerMin)}/${int(hasp?.perWorkerMax)} = ${ratio(fair)}`, ok(fair >= 0.7));
+    const share = hasp && local ? hasp.sectionsPerSec / local.sectionsPerSec : NaN;
+    add(
+      'Contended: critical sections/s within 10% of the 1 ms-hold ceiling (in-process mutex, same run)',
+      `${int(hasp?.sectionsPerSec)} vs ${int(local?.sectionsPerSec)} cs/s = ${ratio(share)}`,
+      Number.isFinite(share) ? share >= 0.9 : null,
+    );
+    const violations = res.contended.reduce((n, r) => n + r.runs.reduce((m, x) => m + x.violations, 0), 0);
+    add('Contended: no mutual-exclusion violation (every library, every run)', `${violations} violation(s)`, violations === 0);
+  }
+
+  if (res.http.length) {
+    for (const framework of ['express', 'koa'] as const) {
+      const bare = httpRow(res.http, framework, 'bare', 'allowed');
+      const need = framework === 'express' ? 0.95 : 0.85;
+      for (const regime of ['allowed', 'flooded'] as const) {
+        const hasp = httpRow(res.http, framework, 'hasp', regime);
+        const r = hasp && bare ? hasp.reqPerSec / bare.reqPerSec : NaN;
+        const want = regime === 'allowed' ? need : 0.95;
+        add(`HTTP ${regime}, ${FRAMEWORK_NAME[framework]}: hasp ≥ ${want}× bare`, `${int(hasp?.reqPerSec)} vs ${int(bare?.reqPerSec)} req/s = ${ratio(r)}`, Number.isFinite(r) ? r >= want : null);
+      }
+      const hasp = httpRow(res.http, framework, 'hasp', 'allowed');
+      const peers = res.http.filter((r) => r.case.framework === framework && r.case.regime === 'allowed' && !['bare', 'hasp', 'hasp-lock'].includes(r.case.variant) && r.median);
+      const best = peers.sort((a, b) => b.median!.reqPerSec - a.median!.reqPerSec)[0];
+      const r = hasp && best ? hasp.reqPerSec / best.median!.reqPerSec : NaN;
+      add(
+        `HTTP allowed, ${FRAMEWORK_NAME[framework]}: hasp ahead of every peer`,
+        best ? `${int(hasp?.reqPerSec)} vs ${int(best.median!.reqPerSec)} req/s (${VARIANT_NAME[best.case.variant]}) = ${ratio(r)}` : 'n/a',
+        Number.isFinite(r) ? r > 1 : null,
+      );
+    }
+  }
+
+  if (res.memory) {
+    const bucket = res.memory.redis.find((r) => r.what.startsWith('hasp TokenBucket'));
+    add('Redis memory per bucket ≤ 80 bytes', bucket ? `${bucket.bytesAfter1} bytes (${bucket.keys.length} key)` : 'n/a', bucket ? bucket.bytesAfter1 <= 80 : null);
+    for (const h of res.memory.heap) {
+      // Bounded: a second pass over as many new keys must not grow the retained heap (25% + 2 MB of slack for noise).
+      const bounded = h.afterGc2 <= h.afterGc1 * 1.25 + 2;
+      add(
+        `Heap bounded: ${h.what}, ${int(h.requests)} requests over ${int(h.keys)} keys, then as many over new keys`,
+        `retained ${mb(h.afterGc1 - h.before)} MB after pass 1, ${mb(h.afterGc2 - h.before)} MB after pass 2`,
+        h.note ? null : bounded,
+      );
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Sections
+
+function metaSection(res: Results): string {
+  const m = res.meta;
+  const c = res.config;
+  return [
+    `# hasp benchmark${c.quick ? ' (quick smoke run: short windows, one round; not for comparison)' : ''}`,
+    '',
+    `- Date: ${m.date}`,
+    `- Machine: ${m.cpu}, ${m.cores} cores, ${m.memoryGb} GB RAM, ${m.os}`,
+    `- Software: Node ${m.node}, Redis ${m.redis}, hasp at ${m.commit}`,
+    `- Command: \`${m.command}\` (${m.seconds ?? '?'} s); load average before ${m.loadBefore.join(' / ')}, after ${m.loadAfter?.join(' / ') ?? '?'}`,
+    `- Method: every case ran ${c.rounds}× interleaved (round order reversed each round); figures are the median of the runs. ` +
+      'Servers (redis-server, the HTTP app) and load generators (lock workers, autocannon) are separate processes, all on this one machine over loopback. ' +
+      'Every ratio compares with a baseline measured in the same run.',
+  ].join('\n');
+}
+
+function ceilingSection(rows: Results['ceiling']): string {
+  const base = (pipeline: number) => rows.find((r) => r.case.id === 'set-nx-px' && r.case.pipeline === pipeline)?.median;
+  return [
+    '## Redis ceiling (redis-benchmark, 50 connections, a fresh key per request)',
+    '',
+    table(
+      ['command', 'pipeline', 'ops/s', '× SET NX PX', 'p50 ms', 'p99 ms'],
+      rows.map((r) => {
+        const m = r.median;
+        const b = base(r.case.pipeline);
+        return [CEILING_LABELS[r.case.id] + failed(r), String(r.case.pipeline), int(m?.opsPerSec), ratio(m && b ? m.opsPerSec / b.opsPerSec : NaN), ms(m?.p50), ms(m?.p99)];
+      }),
+    ),
+  ].join('\n');
+}
+
+function uncontendedSection(res: Results): string {
+  const parts = [
+    `## Locks, uncontended (${res.config.locks.workers} workers, each on its own key: acquire + release cycles, no waiting)`,
+    '',
+    'Baseline: the fastest peer library on the same number of nodes.',
+  ];
+  for (const nodes of [1, 5]) {
+    const rows = res.uncontended.filter((r) => r.case.nodes === nodes);
+    if (!rows.length) continue;
+    const peer = bestPeer(res.uncontended, nodes)?.median;
+    parts.push(
+      '',
+      `### ${nodes} Redis node${nodes > 1 ? 's' : ''}`,
+      '',
+      table(
+        ['library', 'cycles/s', '× best peer', 'acquire p50 ms', 'acquire p99 ms', 'failed'],
+        rows.map((r) => {
+          const m = r.median;
+          const name = (isHasp(r.case.lib) ? `**${lockLabel(r.case)}**` : lockLabel(r.case)) + failed(r);
+          return [name, int(m?.cyclesPerSec), ratio(m && peer ? m.cyclesPerSec / peer.cyclesPerSec : NaN), ms(m?.acquireP50), ms(m?.acquireP99), int(m?.failures)];
+        }),
+      ),
+    );
+  }
+  return parts.join('\n');
+}
+
+function contendedSection(res: Results): string {
+  const c = res.config.contended;
+  const local = res.contended.find((r) => r.case.lib === 'local')?.median;
+  return [
+    `## Locks, contended (${c.workers} workers on one key, each holding it ~${c.holdMs} ms; 1 Redis node unless named)`,
+    '',
+    '`default`: the library\'s own retry settings; `tuned`: its fastest polling (node-redlock: retryDelay 2 ms, jitter 1 ms, ' +
+      'retryCount 5000; redis-semaphore: retryInterval 1 ms). hasp waits with `wait: 10_000` and is woken by pub/sub. ' +
+      'Baseline: a perfect in-process FIFO mutex doing the same 1 ms holds (the ceiling). Hand-off: from the holder calling release() ' +
+      'to the next holder returning from acquire(). Failed: acquisitions that gave up (retry budget or wait exhausted). ' +
+      'Violations: two holders inside at once (sum over all runs).',
+    '',
+    table(
+      ['library', 'cs/s', '× ceiling', 'wait p50 ms', 'wait p99 ms', 'wait max ms', 'failed', 'cs per worker min / max', 'hand-off p50 ms', 'hand-off p99 ms', 'violations'],
+      res.contended.map((r) => {
+        const m = r.median;
+        const name = (isHasp(r.case.lib) ? `**${lockLabel(r.case)}**` : lockLabel(r.case)) + failed(r);
+        const violations = r.runs.reduce((n, x) => n + x.violations, 0);
+        return [
+          name,
+          int(m?.sectionsPerSec),
+          ratio(m && local ? m.sectionsPerSec / local.sectionsPerSec : NaN),
+          ms(m?.waitP50),
+          ms(m?.waitP99),
+          ms(m?.waitMax),
+          int(m?.failures),
+          m ? `${int(m.perWorkerMin)} / ${int(m.perWorkerMax)}` : 'n/a',
+          ms(m?.handoffP50),
+          ms(m?.handoffP99),
+          String(violations),
+        ];
+      }),
+    ),
+  ].join('\n');
+}
+
+function httpSection(res: Results): string {
+  const h = res.config.http;
+  const parts = [
+    `## HTTP (autocannon, ${h.connections} keep-alive connections, ${h.seconds} s after ${h.warmupSec} s warm-up; server in its own process)`,
+    '',
+    '`allowed`: 1,000 keys, nothing limited. `flooded`: one key, 100 requests/min allowed, nearly everything answered 429. ' +
+      'Baseline: the same framework with no limiter (`bare`). withLock takes a fresh key per request (never waits).',
+  ];
+  for (const framework of ['express', 'koa'] as const) {
+    const rows = res.http.filter((r) => r.case.framework === framework);
+    if (!rows.length) continue;
+    const bare = httpRow(res.http, framework, 'bare', 'allowed');
+    parts.push(
+      '',
+      `### ${FRAMEWORK_NAME[framework]}`,
+      '',
+      table(
+        ['middleware', 'regime', 'req/s', '× bare', 'p50 ms', 'p99 ms', '429', 'other non-2xx', 'errors'],
+        rows.map((r) => {
+          const m = r.median;
+          const name = (r.case.variant.startsWith('hasp') ? `**${VARIANT_NAME[r.case.variant]}**` : VARIANT_NAME[r.case.variant]) + failed(r);
+          return [name, r.case.variant === 'bare' ? '—' : r.case.regime, int(m?.reqPerSec), ratio(m && bare ? m.reqPerSec / bare.reqPerSec : NaN), ms(m?.p50), ms(m?.p99), m ? pct(m.limitedShare) : 'n/a', m ? pct(m.otherShare) : 'n/a', int(m?.errors)];
+        }),
+      ),
+    );
+  }
+  return parts.join('\n');
+}
+
+function memorySection(res: Results): string {
+  const mem = res.memory!;
+  const hasp = (kind: string) => mem.redis.find((r) => r.kind === kind && r.what.startsWith('hasp'));
+  return [
+    '## Memory',
+    '',
+    '### Redis bytes per key (MEMORY USAGE … SAMPLES 0, summed over every key the operation leaves; baseline: hasp)',
+    '',
+    table(
+      ['what', 'keys left', 'bytes after 1 take', 'bytes after 50', '× hasp'],
+      mem.redis.map((r) => {
+        const b = hasp(r.kind);
+        return [r.what, r.keys.map((k) => `\`${k}\``).join(', '), int(r.bytesAfter1), r.bytesAfter50 === null ? '—' : int(r.bytesAfter50), ratio(b ? r.bytesAfter1 / b.bytesAfter1 : NaN)];
+      }),
+    ),
+    '',
+    `### Node heap of the in-memory limiters (heapUsed MB; pass 2 uses ${int(res.config.heap.keys)} new keys after pass 1's buckets refilled; baseline: heap before)`,
+    '',
+    table(
+      ['limiter', 'requests per pass', 'keys', 'before', 'after pass 1', 'after GC', 'after pass 2', 'after GC', 'retained × before', 'pass 1 time'],
+      mem.heap.map((h) =>
+        h.note
+          ? [h.what, h.note, '', '', '', '', '', '', '', '']
+          : [h.what, int(h.requests), int(h.keys), mb(h.before), mb(h.after1), mb(h.afterGc1), mb(h.after2), mb(h.afterGc2), ratio(h.afterGc2 / h.before), `${(h.ms / 1000).toFixed(1)} s`],
+      ),
+    ),
+  ].join('\n');
+}
+
+function targetSection(list: Target[]): string {
+  const mark = (p: boolean | null) => (p === null ? 'not run' : p ? '**PASS**' : '**FAIL**');
+  return ['## Targets (issue 6)', '', table(['target', 'measured', 'result'], list.map((t) => [t.name, t.measured, mark(t.pass)]))].join('\n');
+}
+
+/** The whole report. */
+export function render(res: Results): string {
+  const parts = [metaSection(res)];
+  const t = targets(res);
+  if (t.length) parts.push(targetSection(t));
+  if (res.ceiling.length) parts.push(ceilingSection(res.ceiling));
+  if (res.uncontended.length) parts.push(uncontendedSection(res));
+  if (res.contended.length) parts.push(contendedSection(res));
+  if (res.http.length) parts.push(httpSection(res));
+  if (res.memory) parts.push(memorySection(res));
+  return `${parts.join('\n\n')}\n`;
+}
