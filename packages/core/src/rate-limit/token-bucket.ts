@@ -12,6 +12,12 @@ const OPTIONS = ['capacity', 'rate', 'redis', 'prefix', 'timeout', 'clock'] as c
 /** Defaults of {@link TokenBucket}. */
 export const TOKEN_BUCKET_DEFAULTS = { prefix: 'hasp:tb:', timeout: 2_000 } as const;
 
+// Time is counted in whole microseconds: a faster rate could not be kept.
+const MAX_RATE = 1_000_000;
+// Longest time an empty bucket may take to refill (~71 years): keeps every TAT (now + up to twice this) below 2^53 µs,
+// where doubles stop being exact, and every Redis expiry a plain integer.
+const MAX_REFILL_US = 2 ** 51;
+
 /**
  * A token bucket per key: each key holds up to `capacity` tokens and regains `rate` tokens per second; a bucket starts
  * full. On Redis each `take` is one script call that reads the server's clock, so app servers with skewed clocks agree,
@@ -34,7 +40,12 @@ export class TokenBucket {
   readonly redis: TokenBucketOptions['redis'];
   private readonly store: BucketStore;
 
-  /** @throws TypeError or RangeError naming the option when an option is invalid */
+  /**
+   * Time is counted in whole microseconds: each token's interval is `1e6 / rate` µs rounded up, so the bucket refills
+   * at most 1 µs per token slower than `rate` (0.1 % at 1 000/s), never faster. Hence `rate` is at most 1 000 000/s,
+   * and `capacity / rate` (the time an empty bucket takes to refill) at most about 71 years.
+   * @throws TypeError or RangeError naming the option when an option is invalid
+   */
   constructor(options: TokenBucketOptions) {
     if (options === null || typeof options !== 'object') {
       throw new TypeError('TokenBucket options must be an object with capacity and rate');
@@ -45,16 +56,25 @@ export class TokenBucket {
     if (o.rate === undefined) throw new TypeError('rate is required');
     this.capacity = v.positiveNumber('capacity', o.capacity);
     this.rate = parseRate(o.rate);
+    if (this.rate > MAX_RATE) throw new RangeError(`rate must be at most ${MAX_RATE} tokens per second, got ${this.rate}`);
     const params = gcraParams(this.capacity, this.rate);
+    if (params.capacity * params.interval > MAX_REFILL_US) {
+      throw new RangeError(
+        `capacity / rate must be at most ${Math.floor(MAX_REFILL_US / 1e6)} s (the time an empty bucket takes to refill), ` +
+          `got capacity ${this.capacity} at rate ${this.rate}/s`,
+      );
+    }
     const prefix = checkPrefix(v.string('prefix', o.prefix));
     const timeout = v.duration('timeout', o.timeout);
+    // Validated even when unused (with redis), so a mistake shows at start-up.
+    const clock = o.clock === undefined ? undefined : v.func<() => number>('clock', o.clock);
     if (o.redis !== undefined) {
       assertClient('redis', o.redis);
       this.redis = o.redis;
       this.store = new RedisBucketStore(o.redis, prefix, params, timeout);
     } else {
-      const clock = o.clock === undefined ? Date.now : v.func<() => number>('clock', o.clock);
-      this.store = new MemoryBucketStore(params, clock);
+      // Date.now is looked up at each call, so fake timers installed after construction still apply.
+      this.store = new MemoryBucketStore(params, clock ?? (() => Date.now()));
     }
   }
 

@@ -1,0 +1,554 @@
+// TokenBucket against SPEC "Core: token bucket": decisions, rates, one script call per take, the server's clock,
+// expiry, concurrent takers, bad arguments, hostile keys, a dead or frozen Redis, and the bounded in-memory store.
+import type { Redis } from 'ioredis';
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
+import { RateLimitUnavailableError, TokenBucket, type Decision } from '../../packages/core/src/index.js';
+import type { MemoryBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { expectInvalid, rejection, uniquePrefix, until, within } from './helpers.js';
+
+afterAll(async () => {
+  await stopAll();
+});
+
+/** A hand-moved clock in epoch ms for the in-memory store. */
+function manualClock(start = 1_700_000_000_000): { now: () => number; advance: (ms: number) => void } {
+  let t = start;
+  return { now: () => t, advance: (ms) => void (t += ms) };
+}
+
+/** Redis TIME in µs. */
+async function serverMicros(redis: Redis): Promise<number> {
+  const [s, us] = await redis.time();
+  return Number(s) * 1_000_000 + Number(us);
+}
+
+/** The in-memory store behind a bucket built without `redis`. */
+function memoryStore(bucket: TokenBucket): MemoryBucketStore {
+  return (bucket as unknown as { store: MemoryBucketStore }).store;
+}
+
+let node: RedisNode;
+let admin: Redis;
+
+beforeAll(async () => {
+  node = await startRedis();
+  admin = node.client();
+});
+
+/**
+ * Both backends behind one interface. Redis time cannot be moved, so `advance` exists only in memory; the tests that
+ * run on both keep the elapsed real time far below one token's interval, so the numbers are exact on Redis too.
+ */
+interface Backend {
+  name: 'memory' | 'redis';
+  make(options: { capacity: number; rate: number | string }): TokenBucket;
+}
+
+const backends: Backend[] = [
+  { name: 'memory', make: (o) => new TokenBucket({ ...o, clock: manualClock().now }) },
+  { name: 'redis', make: (o) => new TokenBucket({ ...o, redis: admin, prefix: uniquePrefix('tb') }) },
+];
+
+describe.each(backends)('TokenBucket decisions ($name)', (backend) => {
+  it('follows the SPEC example: capacity 10 at 2/s leaves 3 after 7 takes, and denies the 11th', async () => {
+    const bucket = backend.make({ capacity: 10, rate: '2/s' });
+    let d!: Decision;
+    for (let i = 1; i <= 7; i++) {
+      d = await bucket.take('user');
+      expect(d).toMatchObject({ allowed: true, limit: 10, remaining: 10 - i, retryAfter: 0 });
+    }
+    expect(d.remaining).toBe(3);
+    // 7 tokens short at 2/s: full again in 3.5 s (less the little real time spent on Redis).
+    expect(d.resetAfter).toBeLessThanOrEqual(3_500);
+    expect(d.resetAfter).toBeGreaterThan(3_300);
+    for (let i = 8; i <= 10; i++) expect((await bucket.take('user')).allowed).toBe(true);
+    const denied = await bucket.take('user');
+    expect(denied).toMatchObject({ allowed: false, limit: 10, remaining: 0 });
+    // One token comes back every 500 ms.
+    expect(denied.retryAfter).toBeLessThanOrEqual(500);
+    expect(denied.retryAfter).toBeGreaterThan(300);
+    expect(denied.resetAfter).toBeLessThanOrEqual(5_000);
+    expect(denied.resetAfter).toBeGreaterThan(4_800);
+  });
+
+  it('starts full, and peek consumes nothing (also on an empty bucket)', async () => {
+    const bucket = backend.make({ capacity: 4, rate: '1/min' });
+    for (let i = 0; i < 5; i++) {
+      expect(await bucket.peek('k')).toEqual({ allowed: true, limit: 4, remaining: 3, retryAfter: 0, resetAfter: 60_000 });
+    }
+    expect(await bucket.peek('k', 4)).toMatchObject({ allowed: true, remaining: 0 });
+    expect(await bucket.take('k', 4)).toMatchObject({ allowed: true, remaining: 0, retryAfter: 0 });
+    for (let i = 0; i < 3; i++) {
+      const p = await bucket.peek('k');
+      expect(p).toMatchObject({ allowed: false, remaining: 0 });
+      expect(p.retryAfter).toBeGreaterThan(59_000);
+      expect(p.retryAfter).toBeLessThanOrEqual(60_000);
+    }
+    // The bucket was not touched by the peeks: still exactly empty.
+    expect(await bucket.take('k')).toMatchObject({ allowed: false, remaining: 0 });
+    expect(await bucket.peek('other')).toMatchObject({ allowed: true, remaining: 3 });
+  });
+
+  it('reset refills the bucket, also for a key that was never used', async () => {
+    const bucket = backend.make({ capacity: 3, rate: '1/h' });
+    await bucket.take('k', 3);
+    expect((await bucket.peek('k')).allowed).toBe(false);
+    await bucket.reset('k');
+    expect(await bucket.peek('k', 3)).toEqual({ allowed: true, limit: 3, remaining: 0, retryAfter: 0, resetAfter: 3 * 3_600_000 });
+    expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 2 });
+    await expect(bucket.reset('never-used')).resolves.toBeUndefined();
+  });
+
+  it('weighs takes by cost; a denied take consumes nothing; fractional costs add up', async () => {
+    const bucket = backend.make({ capacity: 10, rate: '1/min' });
+    expect(await bucket.take('w', 7)).toMatchObject({ allowed: true, remaining: 3 });
+    const denied = await bucket.take('w', 4);
+    expect(denied).toMatchObject({ allowed: false, remaining: 3 });
+    // One token short: 60 s.
+    expect(denied.retryAfter).toBeGreaterThan(59_000);
+    expect(denied.retryAfter).toBeLessThanOrEqual(60_000);
+    expect(await bucket.take('w', 3)).toMatchObject({ allowed: true, remaining: 0 });
+
+    expect(await bucket.take('half', 0.5)).toMatchObject({ allowed: true, remaining: 9 });
+    expect(await bucket.take('half', 0.5)).toMatchObject({ allowed: true, remaining: 9 });
+    expect(await bucket.take('half', 0.5)).toMatchObject({ allowed: true, remaining: 8 });
+    expect(await bucket.take('half', 8.5)).toMatchObject({ allowed: true, remaining: 0 });
+    expect((await bucket.take('half', 0.5)).allowed).toBe(false);
+  });
+
+  it.each([
+    [2, 2],
+    ['2/s', 2],
+    ['30/min', 0.5],
+    ['100/h', 100 / 3_600],
+    ['1000/d', 1_000 / 86_400],
+    ['5/10s', 0.5],
+    ['1/500ms', 2],
+    [' 3 / 2 minutes ', 3 / 120],
+    ['1.5/Sec', 1.5],
+  ])('accepts rate %j as %d tokens per second and refills at that rate', async (rate, perSecond) => {
+    const bucket = backend.make({ capacity: 1, rate });
+    expect(bucket.rate).toBeCloseTo(perSecond, 12);
+    await bucket.take('r');
+    const d = await bucket.peek('r');
+    // The interval is rounded up to a whole µs, so allow 1 ms above.
+    const interval = 1_000 / perSecond;
+    expect(d.allowed).toBe(false);
+    expect(d.retryAfter).toBeLessThanOrEqual(Math.ceil(interval) + 1);
+    expect(d.retryAfter).toBeGreaterThan(interval - 200);
+  });
+});
+
+describe('TokenBucket in memory, on an injected clock', () => {
+  it('refills continuously: tokens come back at the rate, never above capacity', async () => {
+    const clock = manualClock();
+    const bucket = new TokenBucket({ capacity: 5, rate: '2/s', clock: clock.now });
+    expect(await bucket.take('k', 5)).toEqual({ allowed: true, limit: 5, remaining: 0, retryAfter: 0, resetAfter: 2_500 });
+    clock.advance(499);
+    expect(await bucket.peek('k')).toEqual({ allowed: false, limit: 5, remaining: 0, retryAfter: 1, resetAfter: 2_001 });
+    clock.advance(1);
+    expect(await bucket.take('k')).toEqual({ allowed: true, limit: 5, remaining: 0, retryAfter: 0, resetAfter: 2_500 });
+    clock.advance(1_250);
+    // 2.5 tokens back: 2 whole ones left after taking none.
+    expect(await bucket.peek('k', 3)).toEqual({ allowed: false, limit: 5, remaining: 2, retryAfter: 250, resetAfter: 1_250 });
+    clock.advance(60_000);
+    expect(await bucket.peek('k')).toEqual({ allowed: true, limit: 5, remaining: 4, retryAfter: 0, resetAfter: 500 });
+    expect(await bucket.take('k', 5)).toMatchObject({ allowed: true, remaining: 0 });
+  });
+
+  it('uses Date.now when no clock is given, read at each call (so fake timers apply)', async () => {
+    const bucket = new TokenBucket({ capacity: 1, rate: '1/h' });
+    expect((await bucket.take('k')).allowed).toBe(true);
+    expect((await bucket.take('k')).allowed).toBe(false);
+    const real = Date.now();
+    const spy = vi.spyOn(Date, 'now').mockReturnValue(real + 3_600_000);
+    try {
+      expect((await bucket.take('k')).allowed).toBe(true);
+    } finally {
+      spy.mockRestore();
+    }
+  });
+
+  it('stays bounded: buckets that are full again are dropped as other keys are used', async () => {
+    const clock = manualClock();
+    const bucket = new TokenBucket({ capacity: 3, rate: '1/s', clock: clock.now });
+    const store = memoryStore(bucket);
+    for (let i = 0; i < 1_000; i++) await bucket.take(`k${i}`, 1 + (i % 3));
+    expect(store.size).toBe(1_000);
+    // Peeks and denials store nothing.
+    for (let i = 0; i < 50; i++) await bucket.peek(`fresh${i}`);
+    expect(store.size).toBe(1_000);
+    // Not full yet (k*2 buckets took 3 tokens, full after 3 s): nothing may be dropped.
+    clock.advance(2_500);
+    for (let i = 0; i < 400; i++) await bucket.peek('hot');
+    expect(store.size).toBe(Math.floor(1_000 / 3));
+    clock.advance(500);
+    for (let i = 0; i < 400; i++) await bucket.take('hot');
+    // Only 'hot' is left (it is empty now).
+    expect(store.size).toBe(1);
+    for (let i = 0; i < 30; i++) expect((await bucket.peek(`k${i}`)).remaining).toBe(2);
+  });
+
+  it('drops a full bucket even when only one key is ever used', async () => {
+    const clock = manualClock();
+    const bucket = new TokenBucket({ capacity: 2, rate: '10/s', clock: clock.now });
+    const store = memoryStore(bucket);
+    await bucket.take('a');
+    expect(store.size).toBe(1);
+    clock.advance(100);
+    await bucket.peek('b');
+    await bucket.peek('b');
+    expect(store.size).toBe(0);
+  });
+});
+
+describe('TokenBucket on Redis', () => {
+  afterEach(() => {
+    vi.restoreAllMocks();
+  });
+
+  it('runs one EVALSHA per take and per peek, and one DEL per reset (seen by MONITOR)', async () => {
+    const client = node.client();
+    await client.ping();
+    const bucket = new TokenBucket({ capacity: 5, rate: '1/s', redis: client, prefix: uniquePrefix('mon') });
+    const source = `127.0.0.1:${(client as unknown as { stream: { localPort: number } }).stream.localPort}`;
+    const monitor = await node.client().monitor();
+    const seen: string[][] = [];
+    let ended = false;
+    monitor.on('monitor', (_time: string, args: string[], from: string) => {
+      if (from !== source) return;
+      if (args[0]?.toLowerCase() === 'echo' && args[1] === 'end') ended = true;
+      else seen.push(args);
+    });
+    try {
+      // A flushed script cache costs one EVAL on the first call only (NOSCRIPT fallback).
+      await admin.script('FLUSH');
+      await client.echo('start');
+      const decisions = [];
+      for (let i = 0; i < 7; i++) decisions.push(await bucket.take('k'));
+      await bucket.peek('k', 2);
+      await bucket.reset('k');
+      await bucket.take('k', 3);
+      await client.echo('end');
+      await until(() => ended, 5_000, 'MONITOR to show the end marker');
+      expect(decisions.filter((d) => d.allowed)).toHaveLength(5);
+      const commands = seen.map((args) => args[0]!.toLowerCase());
+      expect(commands).toEqual([
+        'echo',
+        'evalsha',
+        'eval',
+        ...Array<string>(6).fill('evalsha'),
+        'evalsha',
+        'del',
+        'evalsha',
+      ]);
+      // Each script call names exactly one key, its bucket's.
+      for (const args of seen.filter((a) => a[0]!.toLowerCase().startsWith('eval'))) expect(args[2]).toBe('1');
+    } finally {
+      monitor.disconnect();
+      client.disconnect();
+    }
+  });
+
+  it('reads time from the Redis server: moving the client clock by an hour changes no decision', async () => {
+    const bucket = new TokenBucket({ capacity: 3, rate: '1/min', redis: admin, prefix: uniquePrefix('clock') });
+    const before = await serverMicros(admin);
+    expect((await bucket.take('k', 3)).allowed).toBe(true);
+    const drained = await bucket.peek('k');
+    expect(drained).toMatchObject({ allowed: false, remaining: 0 });
+    const real = Date.now();
+    for (const shift of [3_600_000, -3_600_000, 86_400_000]) {
+      vi.spyOn(Date, 'now').mockReturnValue(real + shift);
+      expect(Date.now()).toBe(real + shift);
+      const d = await bucket.take('k');
+      expect(d).toMatchObject({ allowed: false, limit: 3, remaining: 0 });
+      // Only the real time that passed on the server counts (a few ms), not the shift.
+      expect(d.retryAfter).toBeLessThanOrEqual(drained.retryAfter);
+      expect(d.retryAfter).toBeGreaterThan(drained.retryAfter - 1_000);
+      expect(d.resetAfter).toBeLessThanOrEqual(drained.resetAfter);
+      expect(d.resetAfter).toBeGreaterThan(drained.resetAfter - 1_000);
+      vi.restoreAllMocks();
+    }
+    expect(await serverMicros(admin)).toBeLessThan(before + 30_000_000);
+  });
+
+  it('leaves no key behind: the key expires when the bucket is full again, and peeks and denials write nothing', async () => {
+    const prefix = uniquePrefix('exp');
+    const bucket = new TokenBucket({ capacity: 3, rate: '10/s', redis: admin, prefix });
+    await bucket.peek('k', 3);
+    expect(await admin.keys(`${prefix}*`)).toEqual([]);
+    const d = await bucket.take('k', 3);
+    expect(d).toMatchObject({ allowed: true, remaining: 0, resetAfter: 300 });
+    const [name] = await admin.keys(`${prefix}*`);
+    expect(name).toBeDefined();
+    const pttl = await admin.pttl(name!);
+    // Expires no later than the bucket is full again, and not much earlier.
+    expect(pttl).toBeLessThanOrEqual(300);
+    expect(pttl).toBeGreaterThan(150);
+    // A denial leaves the key (and its expiry) as it was.
+    expect((await bucket.take('k')).allowed).toBe(false);
+    expect(await admin.pttl(name!)).toBeLessThanOrEqual(pttl);
+    const started = performance.now();
+    await until(async () => (await admin.exists(name!)) === 0, 3_000, 'the bucket key to expire');
+    expect(performance.now() - started).toBeGreaterThan(100);
+    expect(await bucket.peek('k', 3)).toMatchObject({ allowed: true, remaining: 0 });
+    expect(await admin.keys(`${prefix}*`)).toEqual([]);
+    // A small take sets a short expiry: one token at 10/s.
+    await bucket.take('k');
+    expect(await admin.pttl(name!)).toBeLessThanOrEqual(100);
+  });
+
+  it('never admits more than capacity + rate × elapsed to 20 concurrent connections, and no fewer under full demand', async () => {
+    const capacity = 20;
+    const rate = 200;
+    const prefix = uniquePrefix('race');
+    const clients = Array.from({ length: 20 }, () => node.client());
+    await Promise.all(clients.map((c) => c.ping()));
+    const buckets = clients.map((redis) => new TokenBucket({ capacity, rate, redis, prefix }));
+    const runMs = 1_500;
+    let admitted = 0;
+    let calls = 0;
+    let firstDone!: () => void;
+    const first = new Promise<void>((resolve) => (firstDone = resolve));
+
+    const t0 = await serverMicros(admin);
+    const deadline = performance.now() + runMs;
+    const workers = buckets.map(async (bucket, w) => {
+      for (let i = 0; i < 50_000 && performance.now() < deadline; i++) {
+        const cost = 1 + ((w + i) % 3);
+        calls++;
+        const d = await bucket.take('hot', cost);
+        if (d.allowed) admitted += cost;
+        firstDone();
+      }
+    });
+    // The inner window: from after the first take has been answered until before the workers stop asking.
+    await first;
+    const innerStart = await serverMicros(admin);
+    await new Promise((resolve) => setTimeout(resolve, runMs - 300));
+    const innerEnd = await serverMicros(admin);
+    const admittedByInnerEnd = admitted;
+    await Promise.all(workers);
+    const t1 = await serverMicros(admin);
+
+    const outer = capacity + (rate * (t1 - t0)) / 1e6;
+    const inner = capacity + (rate * (innerEnd - innerStart)) / 1e6;
+    expect(calls).toBeGreaterThan(admitted / 2);
+    if (process.env.HASP_TB_STATS) console.log({ calls, admitted, admittedByInnerEnd, outer, inner });
+    expect(admitted).toBeLessThanOrEqual(outer);
+    // Demand never stopped during the inner window, so every token that came back was taken soon after
+    // (the largest cost, 3, may wait for tokens; allow a few more for the gap between two takes).
+    expect(admittedByInnerEnd).toBeGreaterThanOrEqual(inner - 3 - rate * 0.05);
+    for (const c of clients) c.disconnect();
+  });
+
+  it('keeps hostile keys inside the prefix and apart from each other', async () => {
+    await node.flush();
+    const prefix = uniquePrefix('keys');
+    const keys = [
+      'plain',
+      '}',
+      '{',
+      '{}',
+      'a}',
+      'a%7D',
+      '%7D',
+      '%25',
+      'a\0b',
+      'a\0c',
+      '\n',
+      '\r\n',
+      '\uD800',
+      '\uDBFF',
+      '\uDC00',
+      '\uFFFD',
+      '%ud800',
+      '\uD83D\uDE00',
+      `${prefix}{plain}`,
+      'plain}',
+      '{plain}',
+      'k'.repeat(1 << 20),
+      `${'k'.repeat(1 << 20)}x`,
+    ];
+    const capacity = keys.length + 1;
+    const bucket = new TokenBucket({ capacity, rate: '1/h', redis: admin, prefix });
+    for (const [i, key] of keys.entries()) expect((await bucket.take(key, i + 1)).remaining).toBe(capacity - i - 1);
+    // Each key kept its own budget.
+    for (const [i, key] of keys.entries()) expect((await bucket.peek(key, 1)).remaining).toBe(capacity - i - 2);
+    const names = await admin.keys('*');
+    expect(names).toHaveLength(keys.length);
+    for (const name of names) expect(name.startsWith(prefix), name.slice(0, 80)).toBe(true);
+    // And each one can be reset alone.
+    await bucket.reset('\uD800');
+    expect((await bucket.peek('\uDBFF', 1)).remaining).toBe(capacity - keys.indexOf('\uDBFF') - 2);
+    expect((await bucket.peek('\uFFFD', 1)).remaining).toBe(capacity - keys.indexOf('\uFFFD') - 2);
+    expect((await bucket.peek('\uD800', 1)).remaining).toBe(capacity - 1);
+    expect(await admin.dbsize()).toBe(keys.length - 1);
+  });
+
+  it('keeps hostile keys apart in memory too', async () => {
+    const bucket = new TokenBucket({ capacity: 10, rate: '1/h' });
+    const keys = ['\uD800', '\uDBFF', '\uFFFD', 'a\0b', 'a\0c', '}', '%7D', 'k'.repeat(1 << 20)];
+    for (const [i, key] of keys.entries()) await bucket.take(key, i + 1);
+    for (const [i, key] of keys.entries()) expect((await bucket.peek(key)).remaining).toBe(10 - i - 2);
+  });
+});
+
+describe('TokenBucket when Redis fails', () => {
+  let down: RedisNode;
+  const clients: Redis[] = [];
+
+  /** A bucket on a client with ioredis's default options (the harness only adds an error listener). */
+  const bucketOn = (options: { timeout?: number } = {}): { redis: Redis; bucket: TokenBucket } => {
+    const redis = down.client();
+    clients.push(redis);
+    return { redis, bucket: new TokenBucket({ capacity: 2, rate: '1/min', redis, prefix: uniquePrefix('down'), ...options }) };
+  };
+
+  const expectUnavailable = (error: unknown): void => {
+    expect(error).toBeInstanceOf(RateLimitUnavailableError);
+    expect(error).toMatchObject({ code: 'RATE_LIMIT_UNAVAILABLE', name: 'RateLimitUnavailableError' });
+    expect((error as Error).cause).toBeDefined();
+  };
+
+  beforeAll(async () => {
+    down = await startRedis();
+  });
+
+  afterEach(async () => {
+    for (const c of clients.splice(0)) c.disconnect();
+  });
+
+  it('rejects RateLimitUnavailableError soon after the server is killed, and works again after a restart', async () => {
+    const { redis, bucket } = bucketOn();
+    expect((await bucket.take('k')).allowed).toBe(true);
+    await down.kill();
+    for (const op of [() => bucket.take('k'), () => bucket.peek('k'), () => bucket.reset('k'), () => bucket.take('k')]) {
+      const started = performance.now();
+      expectUnavailable(await within(rejection(op()), 4_000, 'a call on a dead server'));
+      // The default timeout (2 s) bounds it; ioredis's own retry budget would take far longer.
+      expect(performance.now() - started).toBeLessThan(2_500);
+    }
+    await down.restart();
+    await until(async () => (await redis.ping().catch(() => 'down')) === 'PONG', 10_000, 'the client to reconnect');
+    // The server lost its data, so the bucket is full again; but ioredis re-sends the take that was in flight when the
+    // socket died (autoResendUnfulfilledCommands), so that take, already failed for its caller, may count now.
+    const d = await bucket.take('k');
+    expect(d.allowed).toBe(true);
+    expect(d.remaining).toBeLessThanOrEqual(1);
+  });
+
+  it('rejects within the default 2 s timeout while the server is frozen, then works again after it thaws', async () => {
+    const { redis, bucket } = bucketOn();
+    expect(await redis.ping()).toBe('PONG');
+    down.pause();
+    try {
+      const started = performance.now();
+      expectUnavailable(await within(rejection(bucket.take('k')), 4_000, 'take on a frozen server'));
+      const took = performance.now() - started;
+      expect(took).toBeGreaterThanOrEqual(1_950);
+      expect(took).toBeLessThan(3_000);
+    } finally {
+      down.resume();
+    }
+    // The take that timed out still ran once the server thawed: it counted (a timeout never admits more).
+    expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 0 });
+  });
+
+  it('honours the timeout option on a frozen server', async () => {
+    const { redis, bucket } = bucketOn({ timeout: 200 });
+    expect(await redis.ping()).toBe('PONG');
+    down.pause();
+    try {
+      const started = performance.now();
+      expectUnavailable(await within(rejection(bucket.peek('k')), 2_000, 'peek on a frozen server'));
+      const took = performance.now() - started;
+      expect(took).toBeGreaterThanOrEqual(190);
+      expect(took).toBeLessThan(1_000);
+    } finally {
+      down.resume();
+    }
+    expect((await bucket.peek('k')).allowed).toBe(true);
+  });
+});
+
+describe('TokenBucket arguments', () => {
+  const ok = { capacity: 5, rate: 1 };
+
+  it.each([
+    ['capacity', { rate: 1 }],
+    ['capacity', { capacity: 0, rate: 1 }],
+    ['capacity', { capacity: -1, rate: 1 }],
+    ['capacity', { capacity: Number.NaN, rate: 1 }],
+    ['capacity', { capacity: Number.POSITIVE_INFINITY, rate: 1 }],
+    ['capacity', { capacity: '10', rate: 1 }],
+    ['capacity', { capacity: null, rate: 1 }],
+    ['rate', { capacity: 1 }],
+    ['rate', { capacity: 1, rate: 0 }],
+    ['rate', { capacity: 1, rate: -2 }],
+    ['rate', { capacity: 1, rate: Number.NaN }],
+    ['rate', { capacity: 1, rate: Number.POSITIVE_INFINITY }],
+    ['rate', { capacity: 1, rate: '' }],
+    ['rate', { capacity: 1, rate: 'fast' }],
+    ['rate', { capacity: 1, rate: '5' }],
+    ['rate', { capacity: 1, rate: '5/' }],
+    ['rate', { capacity: 1, rate: '/s' }],
+    ['rate', { capacity: 1, rate: '0/s' }],
+    ['rate', { capacity: 1, rate: '5/0s' }],
+    ['rate', { capacity: 1, rate: '-5/s' }],
+    ['rate', { capacity: 1, rate: '5/fortnight' }],
+    ['rate', { capacity: 1, rate: '1e3/s' }],
+    ['rate', { capacity: 1, rate: `${'9'.repeat(400)}/s` }],
+    ['rate', { capacity: 1, rate: `1/${'9'.repeat(400)}d` }],
+    ['rate', { capacity: 1, rate: {} }],
+    ['rate', { capacity: 1, rate: null }],
+    // Beyond a microsecond per token the bucket could not keep its rate.
+    ['rate', { capacity: 1, rate: 2_000_000 }],
+    // Buckets that would take ages to refill lose precision (and break Redis expiry): rejected up front.
+    ['capacity', { capacity: 1e9, rate: '1/d' }],
+    ['rate', { capacity: 1, rate: 1e-300 }],
+    ['redis', { ...ok, redis: {} }],
+    ['redis', { ...ok, redis: 'redis://localhost' }],
+    ['redis', { ...ok, redis: null }],
+    ['prefix', { ...ok, prefix: 5 }],
+    ['prefix', { ...ok, prefix: null }],
+    ['prefix', { ...ok, prefix: 'app{x}:' }],
+    ['timeout', { ...ok, timeout: 0 }],
+    ['timeout', { ...ok, timeout: -1 }],
+    ['timeout', { ...ok, timeout: 1.5 }],
+    ['timeout', { ...ok, timeout: Number.NaN }],
+    ['timeout', { ...ok, timeout: '100' }],
+    ['clock', { ...ok, clock: 5 }],
+    ['capcity', { capcity: 5, rate: 1 }],
+    ['ttl', { ...ok, ttl: 100 }],
+  ])('rejects a bad %s at construction', async (option, options) => {
+    await expectInvalid(() => new TokenBucket(options as never), option);
+  });
+
+  it('validates clock and timeout also when a Redis client is given', async () => {
+    await expectInvalid(() => new TokenBucket({ ...ok, redis: admin, clock: 5 } as never), 'clock');
+    await expectInvalid(() => new TokenBucket({ ...ok, clock: Date.now, timeout: 0 }), 'timeout');
+  });
+
+  it('rejects options that are not an object', async () => {
+    for (const options of [undefined, null, 'capacity=5', 5]) {
+      expect(() => new TokenBucket(options as never)).toThrow(TypeError);
+    }
+  });
+
+  it.each(backends)('rejects bad keys and costs at once, before any Redis call ($name)', async (backend) => {
+    const bucket = backend.make({ capacity: 5, rate: 1 });
+    for (const op of ['take', 'peek'] as const) {
+      await expectInvalid(() => bucket[op](''), 'key');
+      await expectInvalid(() => bucket[op](5 as never), 'key');
+      await expectInvalid(() => bucket[op](undefined as never), 'key');
+      for (const cost of [0, -1, Number.NaN, Number.POSITIVE_INFINITY, '1', null, 6, 5.0001]) {
+        await expectInvalid(() => bucket[op]('k', cost as never), 'cost');
+      }
+    }
+    await expectInvalid(() => bucket.reset(''), 'key');
+    await expectInvalid(() => bucket.reset({} as never), 'key');
+    expect(await bucket.take('k', 5)).toMatchObject({ allowed: true, remaining: 0 });
+  });
+});
