@@ -1,0 +1,26 @@
+// A second app process for the cross-process tests: `node --import tsx app-process.ts <framework> <redis port> <policy>`
+// serves /limited (rateLimit, capacity 6, 1/h, key ?k=) on its own Redis connection and prints `LISTENING <url>`.
+import { Redis } from 'ioredis';
+import { framework, type FrameworkName } from './apps.js';
+
+const [name, port, policy] = process.argv.slice(2) as [FrameworkName, string, string];
+const redis = new Redis({ host: '127.0.0.1', port: Number(port) });
+redis.on('error', () => undefined);
+const fw = await framework(name);
+const app = await fw.start({
+  routes: {
+    '/limited': { use: [fw.rateLimit({ capacity: 6, rate: '1/h', redis, policy, key: (r: { query: { k?: string } }) => r.query.k })] },
+  },
+});
+process.stdout.write(`LISTENING ${app.url}\n`);
+
+const stop = (): void => {
+  void app.close().finally(() => {
+    redis.disconnect();
+    process.exit(0);
+  });
+};
+process.on('SIGTERM', stop);
+// The test process holds our stdin: when it dies, so do we.
+process.stdin.on('end', stop);
+process.stdin.resume();

@@ -1,0 +1,376 @@
+// rateLimit() over real HTTP against a real Redis, for Express 4, Express 5, Koa 2 and Koa 3: budgets, the RateLimit
+// fields, the 429 through the app's error handling, keys (client IP, proxies, IPv6), bad key/cost functions, and two
+// app processes sharing one budget.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { TokenBucket } from '@hasp/core';
+import type { Redis } from 'ioredis';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { within } from '../core/helpers.js';
+import { FRAMEWORKS, framework, get, type Framework, type Response, type RunningApp } from './apps.js';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+let node: RedisNode;
+let redis: Redis;
+
+beforeAll(async () => {
+  node = await startRedis();
+  redis = node.client();
+});
+
+afterAll(async () => {
+  await stopAll();
+});
+
+let policySeq = 0;
+/** A policy name no other test uses: buckets built by the middleware are stored under it. */
+function freshPolicy(tag: string): string {
+  return `${tag}-${process.pid}-${++policySeq}`;
+}
+
+/** Whole tokens the bucket of `key` under `policy` holds now, read from Redis (a peek consumes nothing). */
+async function remainingInRedis(policy: string, key: string, capacity: number, rate: number | string): Promise<number> {
+  const bucket = new TokenBucket({ capacity, rate, redis, prefix: `hasp:tb:${policy}:` });
+  // A peek answers what a take of one token would leave.
+  const d = await bucket.peek(key);
+  return d.allowed ? d.remaining + 1 : d.remaining;
+}
+
+async function keysOf(policy: string): Promise<string[]> {
+  return redis.keys(`hasp:tb:${policy}:*`);
+}
+
+describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
+  let fw: Framework;
+  const apps: RunningApp[] = [];
+
+  beforeAll(async () => {
+    fw = await framework(name);
+  });
+
+  afterEach(async () => {
+    await Promise.all(apps.splice(0).map((a) => a.close()));
+  });
+
+  async function start(spec: Parameters<Framework['start']>[0]): Promise<RunningApp> {
+    const app = await fw.start(spec);
+    apps.push(app);
+    return app;
+  }
+
+  /** Sends `n` requests one after the other. */
+  async function series(url: string, n: number, headers?: Record<string, string>): Promise<Response[]> {
+    const out: Response[] = [];
+    for (let i = 0; i < n; i++) out.push(await get(url, { headers }));
+    return out;
+  }
+
+  it('lets capacity requests through, then answers 429 through the error handler; keys are separate', async () => {
+    const policy = freshPolicy('basic');
+    const app = await start({
+      routes: {
+        '/sms': {
+          use: [fw.rateLimit({ capacity: 3, rate: '1/min', redis, policy, key: (r: { query: { to?: string } }) => r.query.to })],
+          handle: (c) => ({ body: { remaining: c.rateLimit?.remaining } }),
+        },
+      },
+    });
+    const a = await series(`${app.url}/sms?to=a`, 4);
+    expect(a.map((r) => r.status)).toEqual([200, 200, 200, 429]);
+    expect(a.map((r) => r.body.remaining)).toEqual([2, 1, 0, undefined]);
+    const denied = a[3]!;
+    expect(denied.body.code).toBe('RATE_LIMITED');
+    expect(denied.headers['ratelimit-policy']).toBe(`"${policy}";q=3;w=180`);
+    expect(denied.headers.ratelimit).toMatch(new RegExp(`^"${policy}";r=0;t=\\d+$`));
+    const t = Number(/t=(\d+)/.exec(String(denied.headers.ratelimit))![1]);
+    const retryAfter = Number(denied.headers['retry-after']);
+    expect(Number.isInteger(retryAfter)).toBe(true);
+    expect(retryAfter).toBeGreaterThanOrEqual(t);
+    expect(retryAfter).toBeGreaterThan(0);
+    expect(retryAfter).toBeLessThanOrEqual(60);
+    // The error reached the app's error handling as an exposed http-errors 429 carrying its headers.
+    expect(app.errors).toHaveLength(1);
+    expect(app.errors[0]).toMatchObject({ status: 429, expose: true, code: 'RATE_LIMITED' });
+    expect(app.errors[0]!.headers?.['Retry-After']).toBe(String(retryAfter));
+    // Another key has its own full bucket; the first stays empty.
+    expect((await get(`${app.url}/sms?to=b`)).status).toBe(200);
+    expect((await get(`${app.url}/sms?to=a`)).status).toBe(429);
+    expect(await remainingInRedis(policy, 'b', 3, '1/min')).toBe(2);
+  });
+
+  it('sends the RateLimit fields exactly as the draft says (capacity 10, 2/s, policy sms, 3 left)', async () => {
+    const policy = freshPolicy('sms');
+    const app = await start({
+      routes: {
+        '/sms': {
+          use: [
+            fw.rateLimit({
+              capacity: 10,
+              rate: 2,
+              redis,
+              policy,
+              key: 'one-phone',
+              cost: async (r: { query: { cost?: string } }) => Number(r.query.cost ?? 1),
+            }),
+          ],
+        },
+      },
+    });
+    const first = await get(`${app.url}/sms?cost=7`);
+    expect(first.status).toBe(200);
+    expect(first.headers['ratelimit-policy']).toBe(`"${policy}";q=10;w=5`);
+    expect(first.headers.ratelimit).toBe(`"${policy}";r=3;t=1`);
+    const denied = await get(`${app.url}/sms?cost=10`);
+    expect(denied.status).toBe(429);
+    expect(denied.headers['ratelimit-policy']).toBe(`"${policy}";q=10;w=5`);
+    const m = /^"[^"]+";r=(\d+);t=(\d+)$/.exec(String(denied.headers.ratelimit));
+    expect(m).not.toBeNull();
+    expect(Number(m![1])).toBeGreaterThanOrEqual(3);
+    expect(Number(m![2])).toBe(1);
+    // 10 tokens need the 7 taken back: 3.5 s at 2/s, minus what has refilled since; never below t.
+    const retryAfter = Number(denied.headers['retry-after']);
+    expect(retryAfter).toBeGreaterThanOrEqual(Number(m![2]));
+    expect(retryAfter).toBeLessThanOrEqual(4);
+    expect(retryAfter).toBeGreaterThanOrEqual(3);
+  });
+
+  it('keeps the fields on every response of the route, also through the default error handling', async () => {
+    const policy = freshPolicy('dflt');
+    const limit = fw.rateLimit({ capacity: 2, rate: '1/h', redis, policy, key: 'k' });
+    const app = await start({
+      errors: 'default',
+      routes: {
+        '/boom': {
+          use: [limit],
+          handle: () => {
+            throw Object.assign(new Error('handler failed'), { status: 500 });
+          },
+        },
+      },
+    });
+    const [failed, , denied] = await series(`${app.url}/boom`, 3);
+    expect(failed!.status).toBe(500);
+    expect(failed!.headers['ratelimit-policy']).toBe(`"${policy}";q=2;w=7200`);
+    expect(failed!.headers.ratelimit).toMatch(new RegExp(`^"${policy}";r=1;t=\\d+$`));
+    expect(denied!.status).toBe(429);
+    expect(Number(denied!.headers['retry-after'])).toBeGreaterThan(0);
+    expect(denied!.headers['ratelimit-policy']).toBe(`"${policy}";q=2;w=7200`);
+    expect(denied!.headers.ratelimit).toMatch(new RegExp(`^"${policy}";r=0;t=\\d+$`));
+  });
+
+  it('answers denied requests with the handler option; headers: false drops the fields but not Retry-After', async () => {
+    const policy = freshPolicy('handler');
+    const handler =
+      fw.kind === 'express'
+        ? (_req: unknown, res: { status(n: number): { json(b: unknown): void } }, _next: unknown, d: { retryAfter: number }) =>
+            res.status(503).json({ custom: true, retryAfter: d.retryAfter > 0 })
+        : (ctx: { status: number; body: unknown }, d: { retryAfter: number }) => {
+            ctx.status = 503;
+            ctx.body = { custom: true, retryAfter: d.retryAfter > 0 };
+          };
+    const app = await start({
+      routes: {
+        '/custom': { use: [fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy, key: 'k', handler })] },
+        '/quiet': { use: [fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: `${policy}-q`, key: 'k', headers: false })] },
+      },
+    });
+    const [ok, custom] = await series(`${app.url}/custom`, 2);
+    expect(ok!.status).toBe(200);
+    expect(custom!.status).toBe(503);
+    expect(custom!.body).toEqual({ custom: true, retryAfter: true });
+    expect(custom!.headers['retry-after']).toBeDefined();
+    expect(custom!.headers.ratelimit).toMatch(/;r=0;t=\d+$/);
+    expect(app.errors).toHaveLength(0);
+    const [quietOk, quietDenied] = await series(`${app.url}/quiet`, 2);
+    expect(quietOk!.status).toBe(200);
+    expect(quietOk!.headers.ratelimit).toBeUndefined();
+    expect(quietOk!.headers['ratelimit-policy']).toBeUndefined();
+    expect(quietDenied!.status).toBe(429);
+    expect(quietDenied!.headers.ratelimit).toBeUndefined();
+    expect(Number(quietDenied!.headers['retry-after'])).toBeGreaterThan(0);
+  });
+
+  it('skips limiting when the key is undefined, and shares a prepared bucket between routes', async () => {
+    const policy = freshPolicy('shared');
+    const bucket = new TokenBucket({ capacity: 3, rate: '1/h', redis, prefix: `hasp:tb:${policy}:` });
+    const key = async (r: { query: { user?: string } }) => r.query.user;
+    const app = await start({
+      routes: {
+        '/a': { use: [fw.rateLimit({ bucket, key, policy })], handle: (c) => ({ body: { limited: c.rateLimit !== undefined } }) },
+        '/b': { use: [fw.rateLimit({ bucket, key, policy })] },
+      },
+    });
+    const anon = await series(`${app.url}/a`, 5);
+    expect(anon.map((r) => r.status)).toEqual([200, 200, 200, 200, 200]);
+    expect(anon[0]!.body).toEqual({ limited: false });
+    expect(anon[0]!.headers.ratelimit).toBeUndefined();
+    const statuses = [
+      (await get(`${app.url}/a?user=u`)).status,
+      (await get(`${app.url}/b?user=u`)).status,
+      (await get(`${app.url}/a?user=u`)).status,
+      (await get(`${app.url}/b?user=u`)).status,
+    ];
+    expect(statuses).toEqual([200, 200, 200, 429]);
+  });
+
+  it('grants exactly capacity requests out of many concurrent ones', async () => {
+    const policy = freshPolicy('burst');
+    const app = await start({ routes: { '/x': { use: [fw.rateLimit({ capacity: 5, rate: '1/h', redis, policy, key: 'k' })] } } });
+    const all = await within(Promise.all(Array.from({ length: 30 }, () => get(`${app.url}/x`))), 10_000, '30 concurrent requests');
+    expect(all.filter((r) => r.status === 200)).toHaveLength(5);
+    expect(all.filter((r) => r.status === 429)).toHaveLength(25);
+  });
+
+  it('answers 500 through the error handler for a bad key or cost, and writes nothing', async () => {
+    const policy = freshPolicy('badkey');
+    const keys: Record<string, (r: unknown) => unknown> = {
+      throws: () => {
+        throw new Error('no user');
+      },
+      rejects: async () => {
+        throw new Error('no user');
+      },
+      number: () => 42,
+      empty: () => '',
+      object: async () => ({ id: 1 }),
+      null: () => null,
+    };
+    const routes: Record<string, { use: unknown[] }> = {};
+    for (const [k, fn] of Object.entries(keys)) routes[`/${k}`] = { use: [fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy, key: fn })] };
+    routes['/cost-nan'] = { use: [fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy, key: 'c', cost: () => NaN })] };
+    routes['/cost-big'] = { use: [fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy, key: 'c', cost: async () => 2 })] };
+    routes['/cost-throws'] = {
+      use: [
+        fw.rateLimit({
+          capacity: 1,
+          rate: '1/h',
+          redis,
+          policy,
+          key: 'c',
+          cost: () => {
+            throw new Error('bad');
+          },
+        }),
+      ],
+    };
+    const app = await start({ routes });
+    for (const path of Object.keys(routes)) {
+      // Twice: a first bad request must not have consumed the single token.
+      for (let i = 0; i < 2; i++) {
+        const r = await get(`${app.url}${path}`);
+        expect(r.status, path).toBe(500);
+        expect(r.body.code, path).toBe(path.startsWith('/cost') ? 'INVALID_COST' : 'INVALID_KEY');
+        expect(r.headers.ratelimit, path).toBeUndefined();
+      }
+    }
+    expect(app.errors.every((e) => e.status === 500 && e.expose === false)).toBe(true);
+    expect(await keysOf(policy)).toEqual([]);
+  });
+
+  describe('default key: the client IP', () => {
+    const limiter = (policy: string) => fw.rateLimit({ capacity: 2, rate: '1/h', redis, policy });
+
+    it('ignores spoofed X-Forwarded-For and Forwarded without trust proxy', async () => {
+      const policy = freshPolicy('spoof');
+      const app = await start({ routes: { '/x': { use: [limiter(policy)] } } });
+      const statuses: number[] = [];
+      for (let i = 0; i < 6; i++) {
+        const headers: Record<string, string> =
+          i % 2 === 0 ? { 'X-Forwarded-For': `203.0.113.${i}` } : { Forwarded: `for=198.51.100.${i}`, 'X-Real-IP': `192.0.2.${i}` };
+        statuses.push((await get(`${app.url}/x`, { headers })).status);
+      }
+      expect(statuses).toEqual([200, 200, 429, 429, 429, 429]);
+      expect(await remainingInRedis(policy, '127.0.0.1', 2, '1/h')).toBe(0);
+      expect(await keysOf(policy)).toHaveLength(1);
+    });
+
+    it('uses X-Forwarded-For with trust proxy (never Forwarded), IPv4-mapped as IPv4 and IPv6 by /64', async () => {
+      const policy = freshPolicy('proxy');
+      const app = await start({ trustProxy: true, routes: { '/x': { use: [limiter(policy)] } } });
+      const from = async (xff: string | undefined, extra: Record<string, string> = {}) =>
+        (await get(`${app.url}/x`, { headers: { ...(xff === undefined ? {} : { 'X-Forwarded-For': xff }), ...extra } })).status;
+      // Two clients behind the proxy: separate budgets.
+      expect([await from('203.0.113.1'), await from('203.0.113.1'), await from('203.0.113.1')]).toEqual([200, 200, 429]);
+      expect(await from('203.0.113.2')).toBe(200);
+      // The IPv4-mapped spelling is the same client.
+      expect(await from('::ffff:203.0.113.2')).toBe(200);
+      expect(await from('203.0.113.2')).toBe(429);
+      // One /64 is one client, whichever interface id it picks.
+      expect(await from('2001:db8:1:2::1')).toBe(200);
+      expect(await from('2001:db8:1:2:aaaa:bbbb:cccc:dddd')).toBe(200);
+      expect(await from('2001:DB8:1:2::ffff')).toBe(429);
+      expect(await from('2001:db8:1:3::1')).toBe(200);
+      // Forwarded is not what either framework reads: it cannot open a fresh bucket.
+      expect([await from(undefined, { Forwarded: 'for=192.0.2.1' }), await from(undefined, { Forwarded: 'for=192.0.2.2' })]).toEqual([
+        200, 200,
+      ]);
+      expect(await from(undefined, { Forwarded: 'for=192.0.2.3' })).toBe(429);
+      expect(await remainingInRedis(policy, '2001:db8:1:2::/64', 2, '1/h')).toBe(0);
+      expect(await remainingInRedis(policy, '203.0.113.2', 2, '1/h')).toBe(0);
+    });
+
+    it('keys a client on ::1 by its /64 and one on ::ffff:127.0.0.1 as 127.0.0.1', async () => {
+      const policy = freshPolicy('v6');
+      const v6 = await start({ host: '::1', routes: { '/x': { use: [limiter(policy)] } } });
+      expect((await get(`${v6.url}/x`)).status).toBe(200);
+      expect(await remainingInRedis(policy, '0:0:0:0::/64', 2, '1/h')).toBe(1);
+      const mapped = await start({ host: '::ffff:127.0.0.1', routes: { '/x': { use: [limiter(policy)] } } });
+      const r = await get(`http://127.0.0.1:${mapped.port}/x`);
+      expect(r.status).toBe(200);
+      expect(await remainingInRedis(policy, '127.0.0.1', 2, '1/h')).toBe(1);
+      expect((await keysOf(policy)).sort()).toEqual([`hasp:tb:${policy}:{0:0:0:0::/64}`, `hasp:tb:${policy}:{127.0.0.1}`]);
+    });
+  });
+
+  it('shares one budget between two app processes on one Redis', async () => {
+    const policy = freshPolicy('procs');
+    const child = await startChild(name, node.port, policy);
+    try {
+      const app = await start({
+        routes: { '/limited': { use: [fw.rateLimit({ capacity: 6, rate: '1/h', redis, policy, key: (r: { query: { k?: string } }) => r.query.k })] } },
+      });
+      const urls = [`${app.url}/limited?k=shared`, `${child.url}/limited?k=shared`];
+      const statuses: number[] = [];
+      for (let i = 0; i < 10; i++) statuses.push((await get(urls[i % 2]!)).status);
+      expect(statuses).toEqual([200, 200, 200, 200, 200, 200, 429, 429, 429, 429]);
+      // The child answered half of them, from the same Redis budget.
+      expect((await get(`${child.url}/limited?k=other`)).status).toBe(200);
+      expect(await remainingInRedis(policy, 'other', 6, '1/h')).toBe(5);
+    } finally {
+      await child.stop();
+    }
+  });
+});
+
+/** Runs test/middleware/app-process.ts in a child process: an app of `name` limiting /limited on Redis `port`. */
+async function startChild(name: string, port: number, policy: string): Promise<{ url: string; stop(): Promise<void> }> {
+  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', path.join(here, 'app-process.ts'), name, String(port), policy], {
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  const stop = async (): Promise<void> => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+    await exited;
+  };
+  try {
+    const url = await within(
+      new Promise<string>((resolve, reject) => {
+        const lines = createInterface({ input: child.stdout! });
+        lines.on('line', (line) => {
+          if (line.startsWith('LISTENING ')) resolve(line.slice('LISTENING '.length));
+        });
+        child.once('exit', (code) => reject(new Error(`app process exited (${code}) before listening`)));
+      }),
+      20_000,
+      'the app process to listen',
+    );
+    return { url, stop };
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+}
