@@ -190,6 +190,16 @@ describe('TokenBucket in memory, on an injected clock', () => {
     for (let i = 0; i < 30; i++) expect((await bucket.peek(`k${i}`)).remaining).toBe(2);
   });
 
+  it('charges at least a microsecond of refill for a tiny cost, so tiny takes are never free', async () => {
+    const clock = manualClock();
+    const bucket = new TokenBucket({ capacity: 1, rate: 1_000_000, clock: clock.now });
+    let admitted = 0;
+    for (let i = 0; i < 100; i++) if ((await bucket.take('k', 0.1)).allowed) admitted++;
+    // 1 token at 1 µs per token: a continuous bucket would admit 10 takes of 0.1; whole µs admit 1.
+    expect(admitted).toBeGreaterThanOrEqual(1);
+    expect(admitted).toBeLessThanOrEqual(10);
+  });
+
   it('drops a full bucket even when only one key is ever used', async () => {
     const clock = manualClock();
     const bucket = new TokenBucket({ capacity: 2, rate: '10/s', clock: clock.now });
@@ -341,6 +351,12 @@ describe('TokenBucket on Redis', () => {
     // (the largest cost, 3, may wait for tokens; allow a few more for the gap between two takes).
     expect(admittedByInnerEnd).toBeGreaterThanOrEqual(inner - 3 - rate * 0.05);
     for (const c of clients) c.disconnect();
+  });
+
+  it('answers a take whose cost is a tiny fraction of a microsecond of refill (no zero expiry)', async () => {
+    const bucket = new TokenBucket({ capacity: 10, rate: 1_000_000, redis: admin, prefix: uniquePrefix('tiny') });
+    expect(await bucket.take('k', 1e-9)).toMatchObject({ allowed: true, retryAfter: 0 });
+    expect(await bucket.take('k', 0.1)).toMatchObject({ allowed: true, retryAfter: 0 });
   });
 
   it('keeps hostile keys inside the prefix and apart from each other', async () => {

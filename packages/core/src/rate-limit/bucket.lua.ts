@@ -18,7 +18,8 @@ local tat = tonumber(redis.call('GET', key) or '0')
 local base = tat
 if base < now then base = now end
 local burst = capacity * interval
-local newTat = math.ceil(base + cost * interval)
+-- Whole µs per take, at least 1: ceil(base + tiny) would round to base and make tiny costs free.
+local newTat = base + math.ceil(cost * interval)
 local allowed = newTat - now <= burst
 local after = base
 if allowed then

@@ -5,12 +5,15 @@ import type { Decision } from '../types.js';
 /** Bucket parameters, in whole microseconds so Lua and JavaScript compute exactly the same numbers. */
 export interface GcraParams {
   capacity: number;
-  /** Microseconds per token, rounded up: the bucket may refill a hair slower than `rate`, never faster. */
+  /** Microseconds per token, rounded up: the bucket may refill up to 1 µs per token slower than `rate`, never faster. */
   interval: number;
 }
 
 export function gcraParams(capacity: number, ratePerSecond: number): GcraParams {
-  return { capacity, interval: Math.max(1, Math.ceil(1_000_000 / ratePerSecond)) };
+  // 1e6 / rate is off by an ulp or two when rate is itself a rounded quotient (1e6 / (1e6 / 29) is 29.000000000000004):
+  // a bare ceil would add a whole µs per token to exact intervals, so shave a relative 1e-12 first.
+  const exact = 1_000_000 / ratePerSecond;
+  return { capacity, interval: Math.max(1, Math.ceil(exact - exact * 1e-12)) };
 }
 
 /**
@@ -20,7 +23,8 @@ export function gcraParams(capacity: number, ratePerSecond: number): GcraParams 
 export function decide(p: GcraParams, tat: number | undefined, now: number, cost: number): { decision: Decision; newTat: number } {
   const base = tat === undefined || tat < now ? now : tat;
   const burst = p.capacity * p.interval;
-  const newTat = Math.ceil(base + cost * p.interval);
+  // base is a whole µs; adding a whole cost keeps newTat exact, and a tiny cost still costs 1 µs instead of nothing.
+  const newTat = base + Math.ceil(cost * p.interval);
   const allowed = newTat - now <= burst;
   const after = allowed ? newTat : base;
   return {

@@ -1,0 +1,258 @@
+// Property tests of TokenBucket: the memory and Redis buckets against an independent continuous-bucket model over
+// random operation sequences, the Lua script against the JavaScript arithmetic, and the never-over-admit bound.
+import fc from 'fast-check';
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TokenBucket, type Decision } from '../../packages/core/src/index.js';
+import { TAKE } from '../../packages/core/src/rate-limit/bucket.lua.js';
+import { decide, gcraParams } from '../../packages/core/src/rate-limit/gcra.js';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { uniquePrefix } from '../core/helpers.js';
+
+afterAll(async () => {
+  await stopAll();
+});
+
+/**
+ * The reference: a continuous bucket, tokens = min(capacity, tokens + rate × dt), written with none of the GCRA's
+ * machinery. To keep it exact, tokens are counted in units of 1 / `interval` (µs of refill), so a bucket whose
+ * `interval` (µs per token) is a whole number and whose costs are multiples of 1/2 (with an even `interval`) is all
+ * integer arithmetic.
+ */
+class ModelBucket {
+  private readonly levels = new Map<string, number>();
+
+  constructor(
+    readonly capacity: number,
+    readonly interval: number,
+  ) {}
+
+  private get full(): number {
+    return this.capacity * this.interval;
+  }
+
+  /** Lets `dt` µs pass for every bucket. */
+  advance(dt: number): void {
+    for (const [key, level] of this.levels) this.levels.set(key, Math.min(this.full, level + dt));
+  }
+
+  decide(key: string, cost: number, commit: boolean): Decision {
+    const level = this.levels.get(key) ?? this.full;
+    const need = cost * this.interval;
+    const allowed = level >= need;
+    const after = allowed ? level - need : level;
+    if (commit && allowed) this.levels.set(key, after);
+    return {
+      allowed,
+      limit: this.capacity,
+      remaining: Math.floor(after / this.interval),
+      retryAfter: allowed ? 0 : Math.ceil((need - level) / 1_000),
+      resetAfter: Math.ceil((this.full - after) / 1_000),
+    };
+  }
+
+  reset(key: string): void {
+    this.levels.delete(key);
+  }
+}
+
+type Op = { kind: 'take' | 'peek' | 'reset'; key: string; cost: number; advance: number };
+
+interface Scenario {
+  capacity: number;
+  interval: number;
+  ops: Op[];
+}
+
+/**
+ * Buckets with an even whole-µs interval and a capacity in halves, and op sequences on two keys with costs in halves
+ * up to the capacity and time steps scaled to the interval (0, a fraction of a token, or up to a refill and more).
+ */
+function scenarios(intervals: fc.Arbitrary<number>, withTime: boolean): fc.Arbitrary<Scenario> {
+  return fc
+    .record({ halves: fc.integer({ min: 1, max: 40 }), interval: intervals })
+    .chain(({ halves, interval }) => {
+      const capacity = halves / 2;
+      const op = fc.record({
+        kind: fc.constantFrom<Op['kind']>('take', 'take', 'take', 'peek', 'reset'),
+        key: fc.constantFrom('a', 'b'),
+        cost: fc.integer({ min: 1, max: halves }).map((h) => h / 2),
+        advance: withTime
+          ? fc.oneof(
+              fc.constant(0),
+              fc.integer({ min: 0, max: interval }),
+              fc.integer({ min: 0, max: Math.ceil(capacity * interval * 1.5) }),
+            )
+          : fc.constant(0),
+      });
+      return fc.record({ capacity: fc.constant(capacity), interval: fc.constant(interval), ops: fc.array(op, { maxLength: 40 }) });
+    });
+}
+
+const evenInterval = (min: number, max: number) => fc.integer({ min: min / 2, max: max / 2 }).map((x) => 2 * x);
+
+describe('TokenBucket in memory against the continuous model', () => {
+  it('decides every take, peek and reset exactly as the model, at any rate and time step', async () => {
+    await fc.assert(
+      fc.asyncProperty(
+        // 2 µs (500 000/s) up to 2 h per token.
+        scenarios(fc.oneof(evenInterval(2, 20_000), evenInterval(20_000, 7_200_000_000)), true),
+        async ({ capacity, interval, ops }) => {
+          let micros = 1_700_000_000_000_000;
+          const bucket = new TokenBucket({ capacity, rate: 1e6 / interval, clock: () => micros / 1_000 });
+          const model = new ModelBucket(capacity, interval);
+          for (const op of ops) {
+            micros += op.advance;
+            model.advance(op.advance);
+            if (op.kind === 'reset') {
+              await bucket.reset(op.key);
+              model.reset(op.key);
+            } else {
+              const got = await bucket[op.kind](op.key, op.cost);
+              expect(got).toEqual(model.decide(op.key, op.cost, op.kind === 'take'));
+            }
+          }
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+});
+
+describe('TokenBucket on Redis', () => {
+  let node: RedisNode;
+  let redis: Redis;
+
+  beforeAll(async () => {
+    node = await startRedis();
+    redis = node.client();
+  });
+
+  it('decides like the model when no token can come back during the run (rates of one per 17 min to 3 h)', async () => {
+    await fc.assert(
+      fc.asyncProperty(scenarios(evenInterval(1_000_000_000, 10_000_000_000), false), async ({ capacity, interval, ops }) => {
+        const bucket = new TokenBucket({ capacity, rate: 1e6 / interval, redis, prefix: uniquePrefix('prop') });
+        const model = new ModelBucket(capacity, interval);
+        const started = performance.now();
+        for (const op of ops) {
+          if (op.kind === 'reset') {
+            await bucket.reset(op.key);
+            model.reset(op.key);
+            continue;
+          }
+          const got = await bucket[op.kind](op.key, op.cost);
+          const want = model.decide(op.key, op.cost, op.kind === 'take');
+          // Half a token takes over 8 min to come back, so whole-token counts are exact; the ms counts shrink
+          // only by the real time this run has taken.
+          expect({ allowed: got.allowed, limit: got.limit, remaining: got.remaining }).toEqual({
+            allowed: want.allowed,
+            limit: want.limit,
+            remaining: want.remaining,
+          });
+          const slack = performance.now() - started + 1;
+          for (const field of ['retryAfter', 'resetAfter'] as const) {
+            expect(got[field]).toBeLessThanOrEqual(want[field]);
+            expect(got[field]).toBeGreaterThanOrEqual(want[field] - slack);
+          }
+          if (got.allowed) expect(got.retryAfter).toBe(0);
+        }
+      }),
+      { numRuns: 60 },
+    );
+  });
+
+  it('never admits more than capacity + rate × elapsed at fast rates, and keeps every decision consistent', async () => {
+    await fc.assert(
+      fc.asyncProperty(
+        fc.record({
+          capacity: fc.integer({ min: 1, max: 10 }),
+          rate: fc.integer({ min: 200, max: 5_000 }),
+          ops: fc.array(fc.record({ cost: fc.integer({ min: 1, max: 10 }), peek: fc.boolean() }), { minLength: 20, maxLength: 120 }),
+        }),
+        async ({ capacity, rate, ops }) => {
+          const bucket = new TokenBucket({ capacity, rate, redis, prefix: uniquePrefix('fast') });
+          const [s0, us0] = await redis.time();
+          let admitted = 0;
+          for (const op of ops) {
+            const cost = Math.min(op.cost, capacity);
+            const d = await bucket[op.peek ? 'peek' : 'take']('k', cost);
+            if (d.allowed && !op.peek) admitted += cost;
+            expect(d.limit).toBe(capacity);
+            expect(d.remaining).toBeGreaterThanOrEqual(0);
+            // Intervals are whole µs, rounded up: a token may take up to 1 µs longer than 1 / rate.
+            expect(d.resetAfter).toBeLessThanOrEqual(Math.ceil((capacity * 1_000) / rate + capacity / 1_000));
+            if (d.allowed) {
+              expect(d.retryAfter).toBe(0);
+              expect(d.remaining).toBeLessThanOrEqual(capacity - cost);
+            } else {
+              expect(d.remaining).toBeLessThan(cost);
+              expect(d.retryAfter).toBeGreaterThan(0);
+              expect(d.retryAfter).toBeLessThanOrEqual(Math.ceil((cost * 1_000) / rate + cost / 1_000));
+            }
+          }
+          const [s1, us1] = await redis.time();
+          const elapsed = Number(s1) - Number(s0) + (Number(us1) - Number(us0)) / 1e6;
+          expect(admitted).toBeLessThanOrEqual(capacity + rate * elapsed);
+        },
+      ),
+      { numRuns: 25 },
+    );
+  });
+
+  it('runs the same arithmetic in Lua as in JavaScript, number for number', async () => {
+    // The script with its clock read replaced by two arguments, so the server can be shown any time.
+    const clockRead = "redis.call('TIME')";
+    expect(TAKE.source.split(clockRead)).toHaveLength(2);
+    const source = TAKE.source.replace(clockRead, '{ARGV[5], ARGV[6]}');
+    const key = `${uniquePrefix('lua')}{k}`;
+    await fc.assert(
+      fc.asyncProperty(
+        fc
+          .record({
+            capacity: fc.oneof(fc.integer({ min: 1, max: 1_000 }), fc.double({ min: 0.01, max: 1e6, noNaN: true })),
+            rate: fc.oneof(fc.double({ min: 1e-6, max: 1e6, noNaN: true }), fc.integer({ min: 1, max: 1_000 })),
+            now: fc.integer({ min: 1_600_000_000_000_000, max: 2_000_000_000_000_000 }),
+            costShare: fc.double({ min: 0, max: 1, noNaN: true }),
+            tatShare: fc.option(fc.double({ min: -2, max: 1, noNaN: true }), { nil: undefined }),
+            commit: fc.boolean(),
+          })
+          .filter(({ capacity, rate }) => capacity * gcraParams(capacity, rate).interval <= 2 ** 51),
+        async ({ capacity, rate, now, costShare, tatShare, commit }) => {
+          const params = gcraParams(capacity, rate);
+          const cost = Math.max(Number.MIN_VALUE, costShare * capacity);
+          const burst = capacity * params.interval;
+          // A stored TAT is never more than one burst ahead of the clock; behind it means full.
+          const tat = tatShare === undefined ? undefined : Math.floor(now + tatShare * burst);
+          // One transaction, so the key cannot expire (on the real clock) between the script and the reads.
+          const tx = redis.multi();
+          if (tat === undefined) tx.del(key);
+          else tx.set(key, String(tat));
+          tx.eval(source, 1, key, capacity, params.interval, cost, commit ? '1' : '0', Math.floor(now / 1e6), now % 1e6);
+          tx.get(key);
+          tx.pttl(key);
+          const results = (await tx.exec())!.map(([error, value]) => {
+            if (error) throw error;
+            return value;
+          });
+          const [reply, stored, pttl] = results.slice(1) as [number[], string | null, number];
+          const { decision, newTat } = decide(params, tat, now, cost);
+          expect({ allowed: reply[0] === 1, remaining: reply[1], retryAfter: reply[2], resetAfter: reply[3] }).toEqual({
+            allowed: decision.allowed,
+            remaining: decision.remaining,
+            retryAfter: decision.retryAfter,
+            resetAfter: decision.resetAfter,
+          });
+          if (commit && decision.allowed) {
+            expect(stored).toBe(String(newTat));
+            // The key lives until the bucket is full again (less the ms or so of real time the transaction took).
+            expect(pttl).toBeLessThanOrEqual(decision.resetAfter);
+            expect(pttl).toBeGreaterThanOrEqual(decision.resetAfter - 5);
+          } else {
+            expect(stored).toBe(tat === undefined ? null : String(tat));
+          }
+        },
+      ),
+      { numRuns: 400 },
+    );
+  });
+});
