@@ -109,11 +109,18 @@ export abstract class BaseLocker implements Locker {
     // Waiters queue for the lock (fair hand-off); whoever leaves without it must leave the line too.
     const queue = o.wait > 0;
     let acquired = false;
+    let storeFailed = false;
     try {
       for (;;) {
         woken = false;
         const started = this.store.now();
-        const result: AttemptResult = await this.store.attempt(key, token, o.owner, o.ttl, queue);
+        let result: AttemptResult;
+        try {
+          result = await this.store.attempt(key, token, o.owner, o.ttl, queue);
+        } catch (error) {
+          storeFailed = true;
+          throw error;
+        }
         if (result.ok) {
           acquired = true;
           return this.lease(key, result, started, o.ttl);
@@ -163,7 +170,14 @@ export abstract class BaseLocker implements Locker {
       }
     } finally {
       stopListening?.();
-      if (queue && !acquired) this.store.leave(key, token).catch(() => undefined);
+      if (queue && !acquired) {
+        const leaving = this.store.leave(key, token).catch(() => undefined);
+        // Settle only once out of the line: a release right after our LockBusyError or abort would otherwise hand the
+        // lock to us (a departed waiter) and refuse everyone else until the leave lands, which on a node that has not
+        // cached the script yet (NOSCRIPT, then EVAL) comes after whatever the caller sends next. When the store
+        // itself just failed, the leave would only add its own timeout to the error.
+        if (!storeFailed) await leaving;
+      }
     }
   }
 
