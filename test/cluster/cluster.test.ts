@@ -1,0 +1,304 @@
+// RedisLock, Redlock and TokenBucket on a real 3-master Redis Cluster: the Locker contract, hash slots of every name,
+// wake-ups across nodes, bucket limits under concurrency, and a Redlock whose members mix a Cluster and single nodes.
+import type { Cluster, Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  LockBusyError,
+  RedisLock,
+  Redlock,
+  TokenBucket,
+  type Lease,
+  type Locker,
+} from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { keyStem } from '../../packages/core/src/redis/keys.js';
+import { startCluster, startRedisNodes, stopAll, type RedisCluster, type RedisNode } from '../harness/redis.js';
+import { lockContract } from '../core/lock-contract.js';
+import { expectInvalid, uniquePrefix, until, within } from '../core/helpers.js';
+import { firstNonIncreasing, notReady, trackUnhandled } from '../redlock/support.js';
+import { clusterLockFixture } from './fixtures.js';
+import { keysPerMaster, masters, ownerOf, slotOf, subscribers } from './support.js';
+
+let cluster: RedisCluster;
+let singles: RedisNode[];
+
+beforeAll(async () => {
+  [cluster, singles] = await Promise.all([startCluster(), startRedisNodes(2)]);
+});
+
+afterAll(async () => {
+  await stopAll();
+});
+
+lockContract('RedisLock on a 3-master Cluster', clusterLockFixture(() => cluster));
+
+/** Runs `body` with a fresh Cluster client, disconnected afterwards. */
+async function withClient<T>(body: (client: Cluster) => Promise<T>): Promise<T> {
+  const client = cluster.client();
+  try {
+    return await body(client);
+  } finally {
+    client.disconnect();
+  }
+}
+
+describe('hash slots on a Cluster', () => {
+  const tricky = ['{', '}', '{}', '}{', '{{}}', 'a{b}c', '{a}', '%7D', '%', '\uD800', 'x\uDC00', 'line\nbreak', '\0'];
+
+  it('puts every Redis name of a key in one slot whatever the key, spreads keys over every master, and runs every script there', async () => {
+    await withClient(async (client) => {
+      const prefix = uniquePrefix('slots');
+      const bucketPrefix = uniquePrefix('slots-tb');
+      const keys = [...tricky, ...Array.from({ length: 60 }, (_, i) => `user:${i}`)];
+      const view = await masters(client);
+      const slots = new Set<number>();
+      const owners = new Set<number>();
+      for (const key of keys) {
+        const names = Object.values(lockNames(prefix, key));
+        const keySlots = await Promise.all(names.map((n) => slotOf(client, n)));
+        expect(new Set(keySlots).size, `names of ${JSON.stringify(key)}: ${names.join(' ')}`).toBe(1);
+        slots.add(keySlots[0]!);
+        owners.add(ownerOf(view, keySlots[0]!));
+      }
+      // 73 keys over 16384 slots: a handful of collisions at most, and all three masters in use.
+      expect(slots.size).toBeGreaterThan(keys.length - 5);
+      expect(owners.size).toBe(3);
+
+      const locks = new RedisLock(client, { prefix });
+      const other = new RedisLock(cluster.client(), { prefix });
+      const bucket = new TokenBucket({ capacity: 2, rate: 1, redis: client, prefix: bucketPrefix });
+      try {
+        await Promise.all(
+          keys.map(async (key) => {
+            const lease = await locks.acquire(key, { ttl: 10_000 });
+            expect(await other.tryAcquire(key)).toBeNull();
+            // A timed-out waiter joins and then leaves the queue: the four-key acquire and leave scripts.
+            await expect(other.acquire(key, { wait: 30 })).rejects.toBeInstanceOf(LockBusyError);
+            await lease.extend(20_000);
+            expect(await lease.release()).toBe(true);
+            const next = await other.acquire(key, { wait: 1_000 });
+            expect(next.fence).toBeGreaterThan(lease.fence);
+            expect(await next.release()).toBe(true);
+
+            expect((await bucket.take(key, 2)).allowed).toBe(true);
+            expect((await bucket.peek(key)).allowed).toBe(false);
+            expect((await bucket.take(key)).allowed).toBe(false);
+            await bucket.reset(key);
+            expect((await bucket.take(key, 2)).allowed).toBe(true);
+          }),
+        );
+      } finally {
+        locks.close();
+        other.close();
+      }
+    });
+  });
+
+  it('keeps one slot per key with a lone brace in the prefix, and refuses a prefix holding a hash tag', async () => {
+    await withClient(async (client) => {
+      for (const prefix of ['app{', 'a}b{', '}']) {
+        const locks = new RedisLock(client, { prefix });
+        try {
+          for (const key of ['k', '{', '}', 'a{b}c']) {
+            const names = Object.values(lockNames(prefix, key));
+            const keySlots = new Set(await Promise.all(names.map((n) => slotOf(client, n))));
+            expect(keySlots.size, `prefix ${prefix} key ${key}`).toBe(1);
+            const lease = await locks.acquire(key, { wait: 100 });
+            expect(await lease.release()).toBe(true);
+          }
+        } finally {
+          locks.close();
+        }
+      }
+      // 'x{}' hashed each name whole (an empty tag): CROSSSLOT on every script. '{x}' pinned all keys to one slot.
+      for (const prefix of ['x{}', 'app{x}:', '{tenant}:', 'a{b}{c}']) {
+        await expectInvalid(() => new RedisLock(client, { prefix }), 'prefix');
+        await expectInvalid(() => new Redlock([client], { prefix }), 'prefix');
+        await expectInvalid(() => new TokenBucket({ capacity: 1, rate: 1, redis: client, prefix }), 'prefix');
+      }
+    });
+  });
+});
+
+describe('wake-ups on a Cluster', () => {
+  it('hands a key on every master to its waiter within 250 ms of the release, well before the 1 s poll', async () => {
+    const clients = [cluster.client(), cluster.client()];
+    const prefix = uniquePrefix('wake');
+    const [holders, waiters] = clients.map((c) => new RedisLock(c, { prefix })) as [RedisLock, RedisLock];
+    try {
+      // The waiters' one subscriber connection sits on one node; keys on the other two masters need PUBLISH to
+      // travel over the cluster bus.
+      const perMaster = await keysPerMaster(clients[0]!, 'wake', (k) => lockNames(prefix, k).lock, 2);
+      const latencies: number[] = [];
+      for (const key of [...perMaster.values()].flat()) {
+        const holder = await holders.acquire(key, { ttl: 30_000 });
+        const pending = waiters.acquire(key, { wait: 10_000, ttl: 30_000 });
+        pending.catch(() => undefined); // awaited below
+        const names = lockNames(prefix, key);
+        await until(
+          async () => (await subscribers(clients[0]!, names.channel)) > 0 && (await clients[0]!.zcard(names.queue)) > 0,
+          5_000,
+          `the waiter on ${key} to queue and subscribe`,
+        );
+        const releasedAt = performance.now();
+        expect(await holder.release()).toBe(true);
+        const lease = await within(pending, 10_000, `the waiting acquire of ${key}`);
+        latencies.push(performance.now() - releasedAt);
+        expect(lease.fence).toBeGreaterThan(holder.fence);
+        await lease.release();
+      }
+      expect(latencies.length).toBe(6);
+      expect(Math.max(...latencies), `hand-off latencies ${latencies.map(Math.round).join(', ')} ms`).toBeLessThan(250);
+    } finally {
+      holders.close();
+      waiters.close();
+      for (const c of clients) c.disconnect();
+    }
+  });
+});
+
+describe('TokenBucket on a Cluster', () => {
+  it('never admits more than capacity + rate × elapsed per key, with 3 clients × 3 takers on keys of every master', async () => {
+    const prefix = uniquePrefix('tb');
+    const capacity = 5;
+    const rate = 4;
+    const clients = [cluster.client(), cluster.client(), cluster.client()];
+    const buckets = clients.map((redis) => new TokenBucket({ capacity, rate, redis, prefix }));
+    const keys = [...(await keysPerMaster(clients[0]!, 'tb', (k) => keyStem(prefix, k), 2)).values()].flat();
+    const allowed = new Map(keys.map((k) => [k, 0]));
+    const unhandled = trackUnhandled();
+    try {
+      const started = performance.now();
+      const runFor = 1_500;
+      await Promise.all(
+        buckets.flatMap((bucket) =>
+          keys.flatMap((key) =>
+            Array.from({ length: 3 }, async () => {
+              // Bounded by count and by time.
+              for (let i = 0; i < 300 && performance.now() - started < runFor; i++) {
+                const d = await bucket.take(key);
+                if (d.allowed) allowed.set(key, allowed.get(key)! + 1);
+                await new Promise((resolve) => setTimeout(resolve, 5));
+              }
+            }),
+          ),
+        ),
+      );
+      const elapsed = (performance.now() - started) / 1_000;
+      for (const [key, n] of allowed) {
+        expect(n, `admissions on ${key} in ${elapsed.toFixed(2)} s`).toBeLessThanOrEqual(Math.floor(capacity + rate * elapsed));
+        // Not starved either: the burst and most of the refill went through.
+        expect(n).toBeGreaterThanOrEqual(capacity + Math.floor(rate * (elapsed - 0.5)));
+      }
+      expect(unhandled.reasons).toEqual([]);
+    } finally {
+      unhandled.stop();
+      for (const c of clients) c.disconnect();
+    }
+  });
+});
+
+describe('Redlock over a Cluster and two single nodes', () => {
+  const prefix = uniquePrefix('mixed');
+  const owned: (Redis | Cluster)[] = [];
+  const lockers: Redlock[] = [];
+  /** A Redlock with its own connections: [Cluster, single 0, single 1]. */
+  const redlock = (): { locker: Redlock; clients: [Cluster, Redis, Redis] } => {
+    const clients: [Cluster, Redis, Redis] = [cluster.client(), singles[0]!.client(), singles[1]!.client()];
+    owned.push(...clients);
+    const locker = new Redlock(clients, { prefix });
+    lockers.push(locker);
+    return { locker, clients };
+  };
+
+  afterAll(() => {
+    for (const l of lockers) l.close();
+    for (const c of owned) c.disconnect();
+  });
+
+  /** 4 Redlocks × `rounds` critical sections with wait on `key`; asserts one holder at a time and rising fences. */
+  async function contend(contenders: Locker[], key: string, rounds: number): Promise<number[]> {
+    let inside = 0;
+    let maxInside = 0;
+    const fences: number[] = [];
+    await Promise.all(
+      contenders.map(async (locker) => {
+        for (let i = 0; i < rounds; i++) {
+          await locker.using(
+            key,
+            async (lease: Lease) => {
+              inside++;
+              maxInside = Math.max(maxInside, inside);
+              fences.push(lease.fence);
+              await new Promise((resolve) => setTimeout(resolve, 2));
+              inside--;
+            },
+            { wait: 10_000, ttl: 3_000 },
+          );
+        }
+      }),
+    );
+    expect(maxInside).toBe(1);
+    expect(fences.length).toBe(contenders.length * rounds);
+    expect(firstNonIncreasing(fences), `fences ${fences.join(', ')}`).toBe(-1);
+    return fences;
+  }
+
+  it('grants one holder at a time with rising fences, on keys of every cluster master', async () => {
+    const contenders = Array.from({ length: 4 }, () => redlock().locker);
+    const keys = [...(await keysPerMaster(cluster.client(), 'mixed', (k) => lockNames(prefix, k).lock)).values()].flat();
+    await within(
+      Promise.all(keys.map((key) => contend(contenders, key, 4))),
+      30_000,
+      'contention on three keys',
+    );
+  });
+
+  it('wakes a waiter promptly through the Cluster or the single nodes', async () => {
+    const a = redlock();
+    const b = redlock();
+    const key = 'mixed-wake';
+    const channel = lockNames(prefix, key).channel;
+    const holder = await a.locker.acquire(key, { ttl: 30_000 });
+    const pending = b.locker.acquire(key, { wait: 10_000 });
+    pending.catch(() => undefined); // awaited below
+    // Every member publishes the release: a waiter listening on any one of them hears it.
+    await until(
+      async () =>
+        (await subscribers(a.clients[0], channel)) > 0 ||
+        (await Promise.all([a.clients[1].pubsub('NUMSUB', channel), a.clients[2].pubsub('NUMSUB', channel)])).some(
+          (r) => Number((r as [string, number])[1]) > 0,
+        ),
+      5_000,
+      'the waiter to subscribe',
+    );
+    const releasedAt = performance.now();
+    expect(await holder.release()).toBe(true);
+    const lease = await within(pending, 10_000, 'the waiting acquire');
+    expect(performance.now() - releasedAt).toBeLessThan(300);
+    expect(lease.fence).toBeGreaterThan(holder.fence);
+    await lease.release();
+  });
+
+  it('keeps working with a single node down: the Cluster and the other node are a quorum', async () => {
+    const contenders = Array.from({ length: 3 }, () => redlock());
+    const key = 'mixed-degraded';
+    const before = await contend(
+      contenders.map((c) => c.locker),
+      key,
+      2,
+    );
+    await singles[1]!.kill();
+    await Promise.all(contenders.map((c) => notReady(c.clients[2])));
+    const after = await within(
+      contend(
+        contenders.map((c) => c.locker),
+        key,
+        3,
+      ),
+      30_000,
+      'contention with a node down',
+    );
+    expect(after[0]!).toBeGreaterThan(before.at(-1)!);
+  });
+});

@@ -1,0 +1,126 @@
+// Shared pieces of the Redis Cluster tests and the soak run (no vitest here): slot ownership, keys placed on chosen
+// masters, subscriber counts over all nodes, and manual slot migration.
+import { Redis, type Cluster } from 'ioredis';
+
+/** One master of a cluster as CLUSTER NODES describes it. */
+export interface MasterInfo {
+  id: string;
+  port: number;
+  /** Inclusive slot ranges. */
+  ranges: [number, number][];
+}
+
+/** The masters that own slots, from CLUSTER NODES on any node (the view of the node `client` picks). */
+export async function masters(client: Cluster | Redis): Promise<MasterInfo[]> {
+  const text = (await client.cluster('NODES')) as string;
+  return text
+    .trim()
+    .split('\n')
+    .map((line) => line.split(' '))
+    .filter((f) => f[2]!.includes('master'))
+    .map((f) => ({
+      id: f[0]!,
+      port: Number(f[1]!.split('@')[0]!.split(':').pop()),
+      // Slot fields look like "0-5460" or "42"; importing/migrating markers ("[42->-id]") are not ownership.
+      ranges: f
+        .slice(8)
+        .filter((r) => !r.startsWith('['))
+        .map((r) => {
+          const [a, b] = r.split('-').map(Number);
+          return [a!, b ?? a!] as [number, number];
+        }),
+    }));
+}
+
+/** The hash slot Redis computes for `name` (CLUSTER KEYSLOT, so the server's own rules decide). */
+export async function slotOf(client: Cluster | Redis, name: string): Promise<number> {
+  return Number(await client.cluster('KEYSLOT', name));
+}
+
+/** The port of the master that owns `slot` in `view`. */
+export function ownerOf(view: readonly MasterInfo[], slot: number): number {
+  const owner = view.find((m) => m.ranges.some(([a, b]) => slot >= a && slot <= b));
+  if (!owner) throw new Error(`no master owns slot ${slot}`);
+  return owner.port;
+}
+
+/**
+ * `perMaster` keys for every master, found by trying `label:0`, `label:1`, ... : the key's slot is that of the Redis
+ * name `name(key)` (e.g. its lock stem). Returns the keys grouped by master port.
+ */
+export async function keysPerMaster(
+  client: Cluster,
+  label: string,
+  name: (key: string) => string,
+  perMaster = 1,
+): Promise<Map<number, string[]>> {
+  const view = await masters(client);
+  const byPort = new Map<number, string[]>(view.map((m) => [m.port, []]));
+  for (let i = 0; i < 1_000; i++) {
+    const key = `${label}:${i}`;
+    const list = byPort.get(ownerOf(view, await slotOf(client, name(key))))!;
+    if (list.length < perMaster) list.push(key);
+    if ([...byPort.values()].every((l) => l.length >= perMaster)) return byPort;
+  }
+  throw new Error(`could not place ${perMaster} keys on each of ${view.length} masters`);
+}
+
+/** Subscribers of `channel` summed over every master (PUBSUB NUMSUB counts only the node it is sent to). */
+export async function subscribers(client: Cluster, channel: string): Promise<number> {
+  const counts = await Promise.all(
+    client.nodes('master').map(async (node) => {
+      const [, n] = (await node.pubsub('NUMSUB', channel)) as [string, number];
+      return Number(n);
+    }),
+  );
+  return counts.reduce((a, b) => a + b, 0);
+}
+
+/** A slot migration in progress, driven by hand as `redis-cli --cluster reshard` does it. */
+export interface Migration {
+  /** MIGRATEs every key of the slot to the destination and assigns the slot to it on every master. */
+  finish(): Promise<void>;
+}
+
+/**
+ * Starts moving `slot` from its owner to `to` (CLUSTER SETSLOT IMPORTING / MIGRATING). Until `finish()`, commands on
+ * the slot meet ASK redirections and, for multi-key scripts whose keys are split between the nodes or partly
+ * missing, TRYAGAIN.
+ */
+export async function startMigration(view: readonly MasterInfo[], slot: number, to: MasterInfo): Promise<Migration> {
+  const fromPort = ownerOf(view, slot);
+  const from = view.find((m) => m.port === fromPort)!;
+  if (from.id === to.id) throw new Error(`slot ${slot} already lives on ${to.port}`);
+  const admins = new Map(view.map((m) => [m.port, new Redis({ host: '127.0.0.1', port: m.port, lazyConnect: true })]));
+  const src = admins.get(from.port)!;
+  const dst = admins.get(to.port)!;
+  const close = (): void => {
+    for (const a of admins.values()) a.disconnect();
+  };
+  try {
+    await dst.cluster('SETSLOT', slot, 'IMPORTING', from.id);
+    await src.cluster('SETSLOT', slot, 'MIGRATING', to.id);
+  } catch (error) {
+    close();
+    throw error;
+  }
+  return {
+    async finish() {
+      try {
+        for (let round = 0; round < 100; round++) {
+          const keys = (await src.cluster('GETKEYSINSLOT', slot, 100)) as string[];
+          if (keys.length === 0) break;
+          await src.call('MIGRATE', '127.0.0.1', to.port, '', 0, 5_000, 'KEYS', ...keys);
+        }
+        // The destination first, as redis-cli does, so it never answers MOVED back to the source.
+        await dst.cluster('SETSLOT', slot, 'NODE', to.id);
+        await src.cluster('SETSLOT', slot, 'NODE', to.id);
+        for (const [port, admin] of admins) {
+          if (port !== from.port && port !== to.port) await admin.cluster('SETSLOT', slot, 'NODE', to.id);
+        }
+      } finally {
+        close();
+      }
+    },
+  };
+}
