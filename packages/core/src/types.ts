@@ -145,7 +145,7 @@ export interface RedlockOptions extends RedisLockOptions {
   quorum?: number;
   /**
    * Milliseconds one node may take to answer before it counts as failed for this attempt. Kept far below the ttl.
-   * @default min(timeout, max(10, ttl / 100)) per attempt
+   * @default min(timeout, max(50, ttl / 100)) per attempt
    */
   nodeTimeout?: number;
   /**

@@ -11,9 +11,13 @@ import { LockUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { Wakeups } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
-import { driftFor, FENCE_RETENTION_MS, lockNames, parseAttempt } from './redis-store.js';
+import { randomToken } from '../util/token.js';
+import { driftFor, FENCE_RETENTION_MS, lockNames, parseAttempt, type LockNames } from './redis-store.js';
 import { ACQUIRE, EXTEND, RAISE_FENCE, RELEASE } from './scripts.lua.js';
 import type { AttemptResult, LockStore } from './store.js';
+
+/** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
+const MIN_NODE_TIMEOUT_MS = 50;
 
 type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown } | undefined;
 
@@ -29,8 +33,6 @@ export interface RedlockSettings {
 
 export class RedlockStore implements LockStore {
   private readonly wakeups: Wakeups[];
-  // Tokens whose lease is live; a grant that lands after its attempt gave up is handed back unless listed here.
-  private readonly live = new Set<string>();
 
   constructor(
     private readonly clients: readonly RedisClient[],
@@ -39,10 +41,11 @@ export class RedlockStore implements LockStore {
     this.wakeups = clients.map((c) => new Wakeups(c, s.timeout));
   }
 
-  // Redlock keeps no waiting line: per-node lines could order waiters differently and split every vote.
-  async attempt(key: string, token: string, owner: string, ttl: number): Promise<AttemptResult> {
+  // Redlock keeps no waiting line: per-node lines could order waiters differently and split every vote. The caller's
+  // token is not used: every round draws its own (see attemptOnce).
+  async attempt(key: string, _token: string, owner: string, ttl: number): Promise<AttemptResult> {
     for (let retry = 0; ; retry++) {
-      const result = await this.attemptOnce(key, token, owner, ttl);
+      const result = await this.attemptOnce(key, owner, ttl);
       if (!(result instanceof Error)) return result;
       if (retry >= this.s.retryCount) throw result;
       await delay(this.s.retryDelay + Math.random() * this.s.retryDelay);
@@ -68,16 +71,22 @@ export class RedlockStore implements LockStore {
   }
 
   async release(key: string, token: string): Promise<boolean> {
-    this.live.delete(token);
     const n = lockNames(this.s.prefix, key);
-    // Release goes to every node, including those that never answered the acquire, and waits for all (bounded).
+    const q = this.s.quorum;
+    // Release goes to every node, including those that never answered the acquire; it settles once the answer is
+    // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
     const outcomes = await gather(
-      this.clients.map((c) => bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']).then(Number))),
-      () => false,
+      this.clients.map((c) =>
+        bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']).then(Number)),
+      ),
+      (o) => {
+        const freed = count(o, (v) => v === 1);
+        return freed >= q || freed + pendingCount(o) < q;
+      },
     );
-    const answered = values(outcomes);
-    if (answered.length < this.s.quorum && count(outcomes, (v) => v === 1) === 0) throw this.unavailable('release', outcomes);
-    return count(outcomes, (v) => v === 1) >= this.s.quorum;
+    const freed = count(outcomes, (v) => v === 1);
+    if (values(outcomes).length < q && freed === 0) throw this.unavailable('release', outcomes);
+    return freed >= q;
   }
 
   async listen(key: string, wake: (next: string) => void): Promise<() => void> {
@@ -110,70 +119,107 @@ export class RedlockStore implements LockStore {
     for (const w of this.wakeups) w.close();
   }
 
-  /** One round of the algorithm: a result, or an Error when nodes failed so that no quorum could be reached. */
-  private async attemptOnce(key: string, token: string, owner: string, ttl: number): Promise<AttemptResult | Error> {
+  /**
+   * One round of the algorithm: a result, or an Error when nodes failed so that no quorum could be reached.
+   *
+   * Each round draws a fresh token. A node's reply can land after the round was decided (it was not counted): such a
+   * stray grant is kept only if it belongs to the lease the round handed out, and is released otherwise. Because no
+   * other round ever uses this token, releasing a stray can never free the lock of a later round of the same caller.
+   */
+  private async attemptOnce(key: string, owner: string, ttl: number): Promise<AttemptResult | Error> {
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     const total = this.clients.length;
     const timeout = this.nodeTimeout(ttl);
+    const token = randomToken();
     const floor = String(Date.now() * 1_000);
     const started = Date.now();
-    const handBack = (c: RedisClient) => (late: unknown) => {
-      const r = parseAttempt(late);
-      if (r.ok && r.token === token && !this.live.has(token)) {
-        RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']).catch(() => undefined);
-      }
+
+    // Replies that land after the decision wait here until the verdict (which lease, if any, to keep) is known.
+    const decided: { verdict?: (c: RedisClient, r: AttemptResult) => void } = {};
+    const strays: [RedisClient, AttemptResult][] = [];
+    const stray = (c: RedisClient) => (r: AttemptResult) => {
+      if (decided.verdict) decided.verdict(c, r);
+      else strays.push([c, r]);
     };
+
     const outcomes = await gather(
       this.clients.map((c) =>
         bounded(
           c,
           timeout,
           () => ACQUIRE.run(c, [n.lock, n.fence, n.queue, n.deadlines], [token, ttl, owner, floor, FENCE_RETENTION_MS, '', 0]).then(parseAttempt),
-          handBack(c),
+          stray(c),
         ),
       ),
+      // Votes count per token (a reentry votes for the lock's existing token): settle once one token has a quorum, or
+      // once none can get one.
       (o) => {
-        const granted = count(o, (r) => r.ok);
-        const refused = o.filter((x) => x !== undefined && !(x.ok && x.value.ok)).length;
-        return granted >= q || refused > total - q;
+        const best = Math.max(0, ...tally(grantsOf(o)).values());
+        return best >= q || best + pendingCount(o) < q;
       },
+      (i, r) => stray(this.clients[i]!)(r),
     );
-    const grants = outcomes.map((o) => (o?.ok && o.value.ok ? o.value : undefined));
-    // Reentry returns the lock's existing token; count agreement per token.
+    const grants = grantsOf(outcomes);
     const lockToken = majorityToken(grants);
-    const winners = grants.map((g) => (g?.token === lockToken ? g : undefined));
+    const winners = grants.map((g) => (g !== undefined && g.token === lockToken ? g : undefined));
     const won = winners.filter((g) => g !== undefined);
+
+    let result: AttemptResult | Error;
+    let fence = 0;
     if (lockToken !== undefined && won.length >= q) {
-      const fence = Math.max(...won.map((g) => g.fence));
-      if (won.some((g) => g.fence !== fence)) {
-        const ok = await this.raiseFence(n, lockToken, fence, timeout, winners);
-        if (!ok) {
-          await this.undo(key, token, grants);
-          return new LockUnavailableError(`lock acquire failed: could not record the fence on ${q} of ${total} nodes`);
-        }
-      }
+      fence = Math.max(...won.map((g) => g.fence));
+      const recorded = won.every((g) => g.fence === fence) || (await this.raiseFence(n, lockToken, fence, timeout, winners));
       const validity = kthLargest(
         won.map((g) => g.ttl),
         q,
       );
       const elapsed = Date.now() - started;
-      if (validity - elapsed - this.drift(ttl) > 0) {
-        this.live.add(lockToken);
-        return { ok: true, token: lockToken, fence, ttl: validity };
+      if (!recorded) {
+        result = new LockUnavailableError(`lock acquire failed: could not record the fence on ${q} of ${total} nodes`);
+      } else if (validity - elapsed - this.drift(ttl) <= 0) {
+        result = new LockUnavailableError(`lock acquire took ${elapsed} ms, longer than the ttl allows`);
+      } else {
+        result = { ok: true, token: lockToken, fence, ttl: validity };
       }
-      await this.undo(key, token, grants);
-      return new LockUnavailableError(`lock acquire took ${elapsed} ms, longer than the ttl allows`);
+    } else {
+      const busy = outcomes
+        .map((o) => (o?.ok && !o.value.ok ? o.value.pttl : undefined))
+        .filter((p): p is number => p !== undefined);
+      const failed = outcomes.filter((o) => o === undefined || !o.ok).length;
+      if (failed > total - q) result = this.unavailable('acquire', outcomes);
+      else if (busy.length > total - q) result = { ok: false, pttl: Math.min(...busy) };
+      // A split vote (no holder has a quorum): the caller tries again after a pause, as Redlock prescribes.
+      else result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
     }
-    await this.undo(key, token, grants);
-    const busy = outcomes
-      .map((o) => (o?.ok && !o.value.ok ? o.value.pttl : undefined))
-      .filter((p): p is number => p !== undefined);
-    const failed = outcomes.filter((o) => o === undefined || !o.ok).length;
-    if (failed > total - q) return this.unavailable('acquire', outcomes);
-    if (busy.length > total - q) return { ok: false, pttl: Math.min(...busy) };
-    // A split vote (no holder has a quorum): try again after a random pause, as Redlock prescribes.
-    return { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
+
+    const keep = !(result instanceof Error) && result.ok ? result.token : undefined;
+    const verdict = (c: RedisClient, r: AttemptResult) => {
+      if (!r.ok) return;
+      if (r.token !== keep) {
+        this.releaseOn(c, n, r.token, this.s.timeout).catch(() => undefined);
+      } else if (r.fence !== fence) {
+        // A late node of the lease: give it the agreed fence too, so a nested acquire there reports the same one.
+        bounded(c, this.s.timeout, () => RAISE_FENCE.run(c, [n.lock, n.fence], [keep, String(fence), FENCE_RETENTION_MS])).catch(
+          () => undefined,
+        );
+      }
+    };
+    decided.verdict = verdict;
+    for (const [c, r] of strays.splice(0)) verdict(c, r);
+
+    // Undo every counted grant that is not the lease's, and (as a safety net for replies that never come) our token on
+    // every node that did not answer. After a failure this is awaited (bounded), so the caller finds nothing left behind
+    // on the nodes that answer.
+    const undo = Promise.allSettled(
+      this.clients.map((c, i) => {
+        const g = grants[i];
+        if (g !== undefined) return g.token === keep ? undefined : this.releaseOn(c, n, g.token, timeout);
+        return outcomes[i]?.ok || token === keep ? undefined : this.releaseOn(c, n, token, timeout);
+      }),
+    );
+    if (keep === undefined) await undo;
+    return result;
   }
 
   /** Writes the agreed fence to the nodes that granted; true when a quorum recorded it. */
@@ -195,22 +241,13 @@ export class RedlockStore implements LockStore {
     return count(outcomes, (v) => v === 1) >= this.s.quorum;
   }
 
-  /**
-   * After a failed round: drop our fresh lock everywhere, silent nodes included, and the hold a reentry added
-   * wherever a node reported one.
-   */
-  private async undo(key: string, token: string, grants: readonly ({ token: string } | undefined)[]): Promise<void> {
-    const n = lockNames(this.s.prefix, key);
-    await Promise.allSettled(
-      this.clients.map((c, i) => {
-        const t = grants[i]?.token ?? token;
-        return bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [t, n.channel, '']));
-      }),
-    );
+  /** Drops one hold of `token` on one node. */
+  private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number): Promise<unknown> {
+    return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']));
   }
 
   private nodeTimeout(ttl: number): number {
-    return this.s.nodeTimeout ?? Math.min(this.s.timeout, Math.max(10, Math.floor(ttl / 100)));
+    return this.s.nodeTimeout ?? Math.min(this.s.timeout, Math.max(MIN_NODE_TIMEOUT_MS, Math.floor(ttl / 100)));
   }
 
   private unavailable(what: string, outcomes: readonly Outcome<unknown>[]): LockUnavailableError {
@@ -224,8 +261,15 @@ export class RedlockStore implements LockStore {
   }
 }
 
-/** Runs all promises; resolves with what settled so far once `done` says so, or when all have settled. */
-function gather<T>(promises: readonly Promise<T>[], done: (outcomes: readonly Outcome<T>[]) => boolean): Promise<Outcome<T>[]> {
+/**
+ * Runs all promises; resolves with what settled so far once `done` says so, or when all have settled. Values that
+ * arrive after that go to `late` (by index).
+ */
+function gather<T>(
+  promises: readonly Promise<T>[],
+  done: (outcomes: readonly Outcome<T>[]) => boolean,
+  late?: (index: number, value: T) => void,
+): Promise<Outcome<T>[]> {
   const outcomes: Outcome<T>[] = promises.map(() => undefined);
   let left = promises.length;
   return new Promise((resolve) => {
@@ -241,6 +285,7 @@ function gather<T>(promises: readonly Promise<T>[], done: (outcomes: readonly Ou
       p.then(
         (value) => {
           if (!finished) outcomes[i] = { ok: true, value };
+          else late?.(i, value);
           left--;
           check();
         },
@@ -253,6 +298,22 @@ function gather<T>(promises: readonly Promise<T>[], done: (outcomes: readonly Ou
     });
     check();
   });
+}
+
+function pendingCount(outcomes: readonly Outcome<unknown>[]): number {
+  return outcomes.filter((o) => o === undefined).length;
+}
+
+type Grant = Extract<AttemptResult, { ok: true }>;
+
+function grantsOf(outcomes: readonly Outcome<AttemptResult>[]): (Grant | undefined)[] {
+  return outcomes.map((o) => (o?.ok && o.value.ok ? o.value : undefined));
+}
+
+function tally(grants: readonly ({ token: string } | undefined)[]): Map<string, number> {
+  const counts = new Map<string, number>();
+  for (const g of grants) if (g) counts.set(g.token, (counts.get(g.token) ?? 0) + 1);
+  return counts;
 }
 
 function values<T>(outcomes: readonly Outcome<T>[]): T[] {
@@ -269,13 +330,13 @@ function kthLargest(xs: readonly number[], k: number): number {
 }
 
 function majorityToken(grants: readonly ({ token: string } | undefined)[]): string | undefined {
-  const counts = new Map<string, number>();
   let best: string | undefined;
-  for (const g of grants) {
-    if (!g) continue;
-    const c = (counts.get(g.token) ?? 0) + 1;
-    counts.set(g.token, c);
-    if (best === undefined || c > (counts.get(best) ?? 0)) best = g.token;
+  let most = 0;
+  for (const [token, c] of tally(grants)) {
+    if (c > most) {
+      best = token;
+      most = c;
+    }
   }
   return best;
 }
