@@ -14,8 +14,8 @@ export interface ShopOptions {
 
 declare module 'koa' {
   interface Request {
-    /** The parsed JSON body (see jsonBody below). */
-    body?: Record<string, unknown>;
+    /** The parsed JSON body (see jsonBody below); typed as @koa/bodyparser types it. */
+    body?: unknown;
   }
 }
 
@@ -97,7 +97,8 @@ export function createApp(stores: Stores, options: ShopOptions): Koa {
 
 /** A string field of the JSON body, if present. */
 function field(ctx: Context, name: string): string | undefined {
-  const value = ctx.request.body?.[name];
+  const body = ctx.request.body;
+  const value = typeof body === 'object' && body !== null ? (body as Record<string, unknown>)[name] : undefined;
   return typeof value === 'string' ? value : undefined;
 }
 
@@ -145,7 +146,7 @@ async function jsonBody(ctx: Context, next: Next): Promise<void> {
     } catch {
       ctx.throw(400, 'the body is not valid JSON', { code: 'BAD_REQUEST' });
     }
-    ctx.request.body = typeof parsed === 'object' && parsed !== null ? (parsed as Record<string, unknown>) : {};
+    ctx.request.body = parsed;
   }
   await next();
 }

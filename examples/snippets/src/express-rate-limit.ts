@@ -1,0 +1,48 @@
+// packages/express/README.md "rateLimit": two limiters on one route on Redis, and a weighted cost per request.
+// #region readme
+import express from 'express';
+import { Redis } from 'ioredis';
+import { rateLimit } from '@hasp/express';
+
+const redis = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379');
+const app = express();
+app.use(express.json());
+
+app.post(
+  '/sms/send',
+  // Per client IP (the default key): 10 per 10 minutes.
+  rateLimit({ capacity: 10, rate: '10/10min', redis, policy: 'sms-ip' }),
+  // Per phone number: 3 per 10 minutes. Each limiter adds its member to RateLimit-Policy and RateLimit.
+  rateLimit({ capacity: 3, rate: '3/10min', redis, policy: 'sms-phone', key: (req) => req.body.phone }),
+  (req, res) => {
+    res.json({ sent: true });
+  },
+);
+
+// 100 tokens per hour per API key; an xlsx export costs 10. Requests without a key are not limited by this one.
+const perApiKey = rateLimit({
+  capacity: 100,
+  rate: '100/h',
+  redis,
+  policy: 'api',
+  key: (req) => req.get('x-api-key'),
+  cost: (req) => (req.query.format === 'xlsx' ? 10 : 1),
+});
+app.get('/export', perApiKey, (req, res) => {
+  res.json({ format: req.query.format ?? 'csv', tokensLeft: req.rateLimit?.remaining });
+});
+// #endregion readme
+
+import { assert, send, serve, statuses } from './check.js';
+const { url, close } = await serve(app);
+assert.deepEqual(await statuses(4, 'POST', `${url}/sms/send`, { phone: '+15550000001' }), [200, 200, 200, 429]);
+const sms = await send('POST', `${url}/sms/send`, { phone: '+15550000002' });
+assert.equal(sms.headers.get('ratelimit-policy'), '"sms-ip";q=10;w=600, "sms-phone";q=3;w=600');
+assert.match(sms.headers.get('ratelimit') ?? '', /^"sms-ip";r=5;t=\d+, "sms-phone";r=2;t=\d+$/);
+const xlsx = await send('GET', `${url}/export?format=xlsx`, undefined);
+assert.equal(xlsx.headers.get('ratelimit'), null); // no x-api-key: not limited
+const keyed = await fetch(`${url}/export?format=xlsx`, { headers: { 'x-api-key': 'k1' } });
+assert.equal(keyed.headers.get('ratelimit'), '"api";r=90;t=36');
+await keyed.text();
+await close();
+await redis.quit();
