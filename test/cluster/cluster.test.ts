@@ -1,5 +1,7 @@
 // RedisLock, Redlock and TokenBucket on a real 3-master Redis Cluster: the Locker contract, hash slots of every name,
 // wake-ups across nodes, bucket limits under concurrency, and a Redlock whose members mix a Cluster and single nodes.
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import type { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
@@ -300,5 +302,61 @@ describe('Redlock over a Cluster and two single nodes', () => {
       'contention with a node down',
     );
     expect(after[0]!).toBeGreaterThan(before.at(-1)!);
+  });
+});
+
+/** How a child of exit-child.ts ended: ms from its "done" to its exit, or 'alive' when still running after the grace. */
+interface ChildEnd {
+  exitedAfter: number | 'alive';
+  code: number | null;
+  output: string;
+}
+
+/** Runs exit-child.ts against the shared cluster; kills it if it is still alive `graceMs` after printing "done". */
+async function runExitChild(what: 'bucket' | 'lock', end: 'quit' | 'keep', graceMs: number): Promise<ChildEnd> {
+  const file = fileURLToPath(new URL('./exit-child.ts', import.meta.url));
+  const root = fileURLToPath(new URL('../..', import.meta.url));
+  const ports = cluster.nodes.map((n) => n.port).join(',');
+  const child = spawn(process.execPath, ['--import', 'tsx', file, ports, what, end], {
+    cwd: root,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const done = new Promise<void>((resolve) => {
+    const onData = (chunk: Buffer): void => {
+      output += chunk.toString('utf8');
+      if (output.includes('done\n')) resolve();
+    };
+    child.stdout.on('data', onData);
+    child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString('utf8')));
+  });
+  try {
+    await within(Promise.race([done, exited]), 20_000, `exit-child ${what} ${end} to finish its work`);
+    if (!output.includes('done\n')) return { exitedAfter: 0, code: await exited, output };
+    const doneAt = performance.now();
+    const grace = new Promise<'alive'>((resolve) => setTimeout(() => resolve('alive'), graceMs));
+    const first = await Promise.race([exited.then(() => performance.now() - doneAt), grace]);
+    if (first === 'alive') child.kill('SIGKILL');
+    return { exitedAfter: first, code: await exited, output };
+  } finally {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  }
+}
+
+describe('process exit on a Cluster', () => {
+  it('after client.quit(), nothing hasp started keeps the process alive: TokenBucket, and RedisLock with a waiter', async () => {
+    const [bucket, lock, kept] = await Promise.all([
+      runExitChild('bucket', 'quit', 5_000),
+      runExitChild('lock', 'quit', 5_000),
+      // Control: without quit() the Cluster's own connections keep the process alive, so the check above can fail.
+      runExitChild('bucket', 'keep', 1_500),
+    ]);
+    expect(bucket.code, bucket.output).toBe(0);
+    expect(bucket.exitedAfter).not.toBe('alive');
+    expect(lock.code, lock.output).toBe(0);
+    expect(lock.exitedAfter).not.toBe('alive');
+    expect(kept.output).toContain('done');
+    expect(kept.exitedAfter).toBe('alive');
   });
 });

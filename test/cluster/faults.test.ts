@@ -1,0 +1,229 @@
+// Cluster faults under traffic: moving a busy key's slot to another master, and a master dying and coming back. Both
+// must surface only as the contract's typed errors, within bounded time, with no unhandled rejection, no second holder,
+// no falling fence and no bucket over-admission.
+import { Redis, type Cluster } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RedisLock, TokenBucket, type HaspErrorCode } from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { keyStem } from '../../packages/core/src/redis/keys.js';
+import { startCluster, stopAll, type RedisCluster } from '../harness/redis.js';
+import { uniquePrefix, until } from '../core/helpers.js';
+import { trackUnhandled } from '../redlock/support.js';
+import { BucketChecker, LockChecker, OpTracker } from '../soak/checks.js';
+import { keysPerMaster, masters, ownerOf, slotOf, startMigration } from './support.js';
+
+let cluster: RedisCluster;
+
+beforeAll(async () => {
+  cluster = await startCluster();
+});
+
+afterAll(async () => {
+  await stopAll();
+});
+
+/** hasp's default per-call bound (RedisLock and TokenBucket `timeout`). */
+const TIMEOUT = 2_000;
+const WAIT = 1_000;
+const TTL = 1_000;
+const CAPACITY = 5;
+const RATE = 20;
+/** A `using` may spend `wait`, then its last attempt and its release may each take `timeout`. */
+const LOCK_BOUND = WAIT + 2 * TIMEOUT + 2_000;
+const BUCKET_BOUND = TIMEOUT + 2_000;
+const LOCK_ERRORS: HaspErrorCode[] = ['LOCK_BUSY', 'LOCK_UNAVAILABLE'];
+const BUCKET_ERRORS: HaspErrorCode[] = ['RATE_LIMIT_UNAVAILABLE'];
+
+/** Lockers and bucket takers looping on `keys` (each its own Cluster client) until stopped. */
+class Traffic {
+  readonly ops = new OpTracker();
+  readonly locks = new LockChecker();
+  readonly buckets = new BucketChecker(CAPACITY, RATE);
+  /** Successful operations per key, with their start time. */
+  readonly successes: { kind: 'lock' | 'bucket'; key: string; start: number }[] = [];
+  private running = true;
+  private readonly clients: Cluster[] = [];
+  private readonly lockers: RedisLock[] = [];
+  private readonly loops: Promise<void>[] = [];
+
+  constructor(keys: readonly string[], lockPrefix: string, bucketPrefix: string) {
+    for (let i = 0; i < 3; i++) {
+      const client = cluster.client();
+      this.clients.push(client);
+      const locker = new RedisLock(client, { prefix: lockPrefix, onError: () => undefined });
+      this.lockers.push(locker);
+      const bucket = new TokenBucket({ capacity: CAPACITY, rate: RATE, redis: client, prefix: bucketPrefix });
+      for (const key of keys) {
+        this.loops.push(this.lockLoop(locker, key), this.bucketLoop(bucket, key));
+      }
+    }
+  }
+
+  private async lockLoop(locker: RedisLock, key: string): Promise<void> {
+    for (let i = 0; i < 5_000 && this.running; i++) {
+      const start = Date.now();
+      const ok = await this.ops.run('lock', LOCK_BOUND, LOCK_ERRORS, () =>
+        locker.using(
+          key,
+          async (lease) => {
+            this.locks.enter(key, lease);
+            await new Promise((resolve) => setTimeout(resolve, 2));
+            this.locks.exit(key, lease);
+            return true;
+          },
+          { wait: WAIT, ttl: TTL },
+        ),
+      );
+      if (ok) this.successes.push({ kind: 'lock', key, start });
+      else await pause(20); // a failing store answers fast: do not spin
+    }
+  }
+
+  private async bucketLoop(bucket: TokenBucket, key: string): Promise<void> {
+    for (let i = 0; i < 5_000 && this.running; i++) {
+      const start = Date.now();
+      const d = await this.ops.run('bucket', BUCKET_BOUND, BUCKET_ERRORS, () => bucket.take(key));
+      if (d) {
+        this.buckets.record('cluster', key, start, Date.now(), d.allowed);
+        this.successes.push({ kind: 'bucket', key, start });
+      }
+      await pause(10);
+    }
+  }
+
+  /** Resolves once both kinds of operation succeeded on `key` after `since`. */
+  recovered(key: string, since: number): boolean {
+    const after = this.successes.filter((s) => s.key === key && s.start >= since);
+    return after.some((s) => s.kind === 'lock') && after.some((s) => s.kind === 'bucket');
+  }
+
+  async stop(): Promise<void> {
+    this.running = false;
+    await Promise.all(this.loops);
+    for (const l of this.lockers) l.close();
+    for (const c of this.clients) c.disconnect();
+  }
+
+  /** Asserts every invariant the traffic watched. */
+  expectClean(): void {
+    expect(this.ops.untyped, 'errors other than the typed ones').toEqual([]);
+    expect(this.ops.hangExamples).toEqual([]);
+    expect(this.ops.hangs).toBe(0);
+    expect(this.locks.examples, 'lock violations').toEqual([]);
+    expect(this.locks.violations).toBe(0);
+    expect(this.buckets.check(), this.buckets.examples.join('\n')).toBe(0);
+    expect(this.locks.sections).toBeGreaterThan(0);
+    expect(this.buckets.admitted).toBeGreaterThan(0);
+  }
+}
+
+const pause = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** cluster_state as `port` sees it, or 'down' when it does not answer. */
+async function clusterState(port: number): Promise<string> {
+  const r = new Redis({ host: '127.0.0.1', port, lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0 });
+  r.on('error', () => undefined);
+  try {
+    await r.connect();
+    const info = (await r.cluster('INFO')) as string;
+    return /cluster_state:(\w+)/.exec(info)?.[1] ?? 'unknown';
+  } catch {
+    return 'down';
+  } finally {
+    r.disconnect();
+  }
+}
+
+describe('Cluster faults under traffic', () => {
+  it('moves a busy key’s slot to another master mid-run: typed errors at worst, then served by the new owner', async () => {
+    const lockPrefix = uniquePrefix('move-lock');
+    const bucketPrefix = uniquePrefix('move-tb');
+    const admin = cluster.client();
+    const unhandled = trackUnhandled();
+    // The same key string under both prefixes: one hash tag, so the lock's and the bucket's names share the slot.
+    const key = 'busy';
+    const slot = await slotOf(admin, lockNames(lockPrefix, key).lock);
+    expect(await slotOf(admin, keyStem(bucketPrefix, key))).toBe(slot);
+    const view = await masters(admin);
+    const from = ownerOf(view, slot);
+    const to = view.find((m) => m.port !== from)!;
+    const traffic = new Traffic([key], lockPrefix, bucketPrefix);
+    try {
+      await until(() => traffic.recovered(key, 0), 5_000, 'traffic on the busy key');
+      await pause(500);
+      const migration = await startMigration(view, slot, to);
+      // While the slot is half-moved, multi-key scripts meet ASK/TRYAGAIN; hold that state long enough to outlast
+      // ioredis's redirection budget, so some operations must give up with a typed error, not hang.
+      await pause(2_500);
+      await migration.finish();
+      const movedAt = Date.now();
+      await until(() => traffic.recovered(key, movedAt), 10_000, 'traffic to succeed on the new owner');
+      await pause(500);
+    } finally {
+      await traffic.stop();
+      unhandled.stop();
+    }
+    traffic.expectClean();
+    expect(unhandled.reasons).toEqual([]);
+    expect(ownerOf(await masters(admin), slot)).toBe(to.port);
+    // The lock's fence key travelled with the slot.
+    const direct = new Redis({ host: '127.0.0.1', port: to.port });
+    try {
+      expect(await direct.exists(lockNames(lockPrefix, key).fence)).toBe(1);
+    } finally {
+      direct.disconnect();
+    }
+    admin.disconnect();
+  });
+
+  it('a master dies and comes back: typed errors within the bound while it is down, then service again', async () => {
+    const lockPrefix = uniquePrefix('kill-lock');
+    const bucketPrefix = uniquePrefix('kill-tb');
+    const admin = cluster.client();
+    const unhandled = trackUnhandled();
+    const byMaster = await keysPerMaster(admin, 'kill', (k) => lockNames(lockPrefix, k).lock);
+    const keys = [...byMaster.values()].flat();
+    const [victimPort, [victimKey]] = [...byMaster.entries()][0]! as [number, string[]];
+    const victim = cluster.nodes.find((n) => n.port === victimPort)!;
+    const survivors = cluster.nodes.filter((n) => n !== victim);
+    const traffic = new Traffic(keys, lockPrefix, bucketPrefix);
+    let restartAt = 0;
+    try {
+      await until(() => keys.every((k) => traffic.recovered(k, 0)), 5_000, 'traffic on every master');
+      await pause(300);
+      await victim.kill();
+      const deadAt = Date.now();
+      // No replicas: after cluster-node-timeout (2 s) the survivors mark the cluster failed (full coverage lost).
+      await until(
+        async () => (await Promise.all(survivors.map((n) => clusterState(n.port)))).every((s) => s === 'fail'),
+        15_000,
+        'the survivors to declare the cluster failed',
+        100,
+      );
+      await pause(1_000);
+      // Down for longer than any lease's ttl, so nobody's lease outlives the data the restart throws away.
+      expect(Date.now() - deadAt).toBeGreaterThan(TTL);
+      restartAt = Date.now();
+      traffic.buckets.dataLoss('cluster', deadAt, restartAt);
+      await victim.restart();
+      await until(
+        async () => (await Promise.all(cluster.nodes.map((n) => clusterState(n.port)))).every((s) => s === 'ok'),
+        15_000,
+        'the cluster to be ok again',
+        100,
+      );
+      const okAt = Date.now();
+      await until(() => keys.every((k) => traffic.recovered(k, okAt)), 15_000, 'traffic to succeed on every master');
+    } finally {
+      await traffic.stop();
+      unhandled.stop();
+      admin.disconnect();
+    }
+    traffic.expectClean();
+    expect(unhandled.reasons).toEqual([]);
+    // The victim's keys could not be served while it was down: the failures were typed, and there were some.
+    expect(traffic.ops.total(/^lock LOCK_UNAVAILABLE$/)).toBeGreaterThan(0);
+    expect(traffic.ops.total(/^bucket RATE_LIMIT_UNAVAILABLE$/)).toBeGreaterThan(0);
+    expect(traffic.recovered(victimKey!, restartAt)).toBe(true);
+  });
+});
