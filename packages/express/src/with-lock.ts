@@ -7,8 +7,14 @@ import type { RequestKey, WithLockOptions } from './types.js';
 /**
  * Runs the rest of the route holding the lock on `key(req)`; busy: `next(err)` with a 423 (`code: 'LOCK_BUSY'`,
  * Retry-After when known); locker unavailable: a 503 (`LOCK_UNAVAILABLE`), and the handler does not run. The lease is
- * at `req.lock` and is auto-extended until the response is ended (also by an error handler), then released once.
- * A client that disconnects does not free the lock: the handler still holds it until it ends the response.
+ * at `req.lock` and is auto-extended until the response is ended (by the handler, an error handler, or Express's final
+ * handler, also for Express 5's rejected async handlers), then released once, before the response is sent.
+ *
+ * A client that disconnects does not free the lock: the handler still holds it until it ends the response (`res.end()`
+ * works on a closed connection, so handlers that always answer need nothing special). A handler that gives up on a
+ * gone client without ending the response frees the lock when the response object is garbage-collected, which an idle
+ * Node process does within seconds; end the response to free it at once. If `req.lock.signal` aborts (the lock was
+ * lost), stop changing the protected resource.
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts

@@ -1,0 +1,405 @@
+// withLock() over real HTTP against real Redis, for Express 4, Express 5, Koa 2 and Koa 3: mutual exclusion under 50
+// concurrent requests, parallelism across keys, release after errors and client disconnects, auto-extension, lost
+// locks, re-entry, and bad keys.
+import { setTimeout as delay } from 'node:timers/promises';
+import v8 from 'node:v8';
+import vm from 'node:vm';
+import { MemoryLock } from '@hasp/core';
+import type { Redis } from 'ioredis';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
+import { abortReason, until, within } from '../core/helpers.js';
+import { trackUnhandled } from '../redlock/support.js';
+import { deferred, FRAMEWORKS, framework, get, send, type Framework, type Response, type Route, type RunningApp } from './apps.js';
+
+// A forced collection shows that a response nobody can end any more frees its lock (Express).
+v8.setFlagsFromString('--expose-gc');
+const gc = vm.runInNewContext('gc') as () => void;
+
+let node: RedisNode;
+let redis: Redis;
+let redlockClients: Redis[];
+const unhandled = trackUnhandled();
+
+beforeAll(async () => {
+  const [main, ...masters] = await startRedisNodes(4);
+  node = main!;
+  redis = node.client();
+  redlockClients = masters.map((m) => m.client());
+});
+
+afterAll(async () => {
+  unhandled.stop();
+  await stopAll();
+  expect(unhandled.reasons).toEqual([]);
+});
+
+/** Whether Redis holds the lock of `key` taken by a withLock given `{ redis }`. */
+async function lockedInRedis(key: string): Promise<boolean> {
+  return (await redis.exists(lockNames('hasp:lock:', key).lock)) === 1;
+}
+
+const orderKey = (r: { query: { order?: string } }) => r.query.order;
+
+describe.each(FRAMEWORKS)('withLock on %s', (name) => {
+  let fw: Framework;
+  const apps: RunningApp[] = [];
+  let seq = 0;
+  /** An order id no other test uses. */
+  const freshOrder = (tag: string) => `${name}-${tag}-${++seq}-${process.pid}`;
+
+  beforeAll(async () => {
+    fw = await framework(name);
+  });
+
+  afterEach(async () => {
+    await Promise.all(apps.splice(0).map((a) => a.close()));
+  });
+
+  async function start(spec: Parameters<Framework['start']>[0]): Promise<RunningApp> {
+    const app = await fw.start(spec);
+    apps.push(app);
+    return app;
+  }
+
+  const lockers = {
+    RedisLock: () => ({ redis }),
+    Redlock: () => ({ redis: redlockClients }),
+    MemoryLock: () => ({}),
+  };
+
+  for (const [lockerName, options] of Object.entries(lockers)) {
+    it(`lets one of 50 concurrent purchases of one order run (${lockerName}); the rest get 423`, async () => {
+      const order = freshOrder('one');
+      const gate = deferred();
+      let inside = 0;
+      let maxInside = 0;
+      let runs = 0;
+      const app = await start({
+        routes: {
+          '/buy': {
+            use: [fw.withLock(orderKey, options())],
+            handle: async (c) => {
+              runs++;
+              maxInside = Math.max(maxInside, ++inside);
+              expect(c.lock?.key).toBe(order);
+              // Hold the lock at least 200 ms, and until the test has seen every other answer.
+              await Promise.all([delay(200), gate.promise]);
+              inside--;
+              return { body: { fence: c.lock?.fence } };
+            },
+          },
+        },
+      });
+      const answered: Response[] = [];
+      const all = Array.from({ length: 50 }, () =>
+        get(`${app.url}/buy?order=${order}`).then((r) => {
+          answered.push(r);
+          return r;
+        }),
+      );
+      await until(() => answered.length >= 49, 10_000, '49 answers while the purchase runs');
+      const busyAnswers = answered.slice();
+      expect(busyAnswers.map((r) => r.status)).toEqual(Array(49).fill(423));
+      gate.resolve();
+      const responses = await within(Promise.all(all), 10_000, '50 purchases');
+      expect(responses.filter((r) => r.status === 200)).toHaveLength(1);
+      expect(runs).toBe(1);
+      expect(maxInside).toBe(1);
+      for (const busy of busyAnswers) {
+        expect(busy.body.code).toBe('LOCK_BUSY');
+        if (lockerName !== 'Redlock') {
+          const s = Number(busy.headers['retry-after']);
+          expect(Number.isInteger(s) && s >= 1 && s <= 30, `Retry-After ${busy.headers['retry-after']}`).toBe(true);
+        }
+      }
+      expect(app.errors.every((e) => e.status === 423 && e.expose === true && e.code === 'LOCK_BUSY')).toBe(true);
+      // Released after the response: the next purchase runs at once.
+      expect((await get(`${app.url}/buy?order=${order}`)).status).toBe(200);
+      if (lockerName === 'RedisLock') expect(await lockedInRedis(order)).toBe(false);
+    });
+  }
+
+  it('runs different orders in parallel', async () => {
+    let inside = 0;
+    let maxInside = 0;
+    const app = await start({
+      routes: {
+        '/buy': {
+          use: [fw.withLock(orderKey, { redis })],
+          handle: async () => {
+            maxInside = Math.max(maxInside, ++inside);
+            await delay(200);
+            inside--;
+            return undefined;
+          },
+        },
+      },
+    });
+    const n = 10;
+    const started = performance.now();
+    const responses = await within(
+      Promise.all(Array.from({ length: n }, () => get(`${app.url}/buy?order=${freshOrder('par')}`))),
+      10_000,
+      'parallel orders',
+    );
+    const elapsed = performance.now() - started;
+    expect(responses.map((r) => r.status)).toEqual(Array(n).fill(200));
+    expect(maxInside).toBeGreaterThan(1);
+    // Serialised they would take n × 200 ms = 2 s.
+    expect(elapsed).toBeLessThan(1_200);
+  });
+
+  describe('frees the lock when the handler fails', () => {
+    const failures: Record<string, Omit<Route, 'use'>> = {
+      throws: {
+        handle: () => {
+          throw new Error('sync failure');
+        },
+      },
+      'next(err)': {
+        express: (_req, _res, next) => next(Object.assign(new Error('conflict'), { status: 409, expose: true })),
+        koa: (ctx: { throw(status: number, message: string): never }) => ctx.throw(409, 'conflict'),
+      },
+      rejects: {
+        // On Express 5 the rejected promise goes to the router's own async error handling.
+        handle: async () => {
+          await delay(5);
+          throw new Error('async failure');
+        },
+      },
+    };
+    for (const errors of ['json', 'default'] as const) {
+      for (const [how, failing] of Object.entries(failures)) {
+        it(`that ${how} (${errors} error handling)`, async () => {
+          const order = freshOrder('fail');
+          const app = await start({
+            errors,
+            routes: {
+              '/fail': { use: [fw.withLock(orderKey, { redis })], ...failing },
+              '/buy': { use: [fw.withLock(orderKey, { redis })] },
+            },
+          });
+          const failed = await get(`${app.url}/fail?order=${order}`);
+          expect(failed.status).toBe(how === 'next(err)' ? 409 : 500);
+          expect(app.errors.length).toBe(1);
+          expect(await lockedInRedis(order)).toBe(false);
+          expect((await get(`${app.url}/buy?order=${order}`)).status).toBe(200);
+        });
+      }
+    }
+  });
+
+  it('keeps the lock while the handler of a disconnected client runs, and frees it when the handler answers', async () => {
+    const order = freshOrder('abort');
+    const purchases = new Map<string, number>();
+    const started = deferred();
+    const gone = deferred();
+    const finish = deferred();
+    const finished = deferred();
+    let first = true;
+    const app = await start({
+      routes: {
+        '/buy': {
+          use: [fw.withLock(orderKey, { redis })],
+          handle: async (c) => {
+            const id = c.query.order!;
+            if (first) {
+              first = false;
+              started.resolve();
+              void c.closed().then(() => gone.resolve());
+              await finish.promise;
+              expect(c.clientGone()).toBe(true);
+              expect(c.lock!.signal.aborted).toBe(false);
+            }
+            const already = purchases.has(id);
+            if (!already) purchases.set(id, (purchases.get(id) ?? 0) + 1);
+            setImmediate(() => finished.resolve());
+            return { body: { already } };
+          },
+        },
+      },
+    });
+    const pending = send(`${app.url}/buy?order=${order}`);
+    await within(started.promise, 5_000, 'the first handler to start');
+    pending.abort();
+    await within(gone.promise, 5_000, 'the server to see the disconnect');
+    // The handler still runs: the lock is still its own.
+    const retry = await get(`${app.url}/buy?order=${order}`);
+    expect(retry.status).toBe(423);
+    expect(retry.body.code).toBe('LOCK_BUSY');
+    expect(await lockedInRedis(order)).toBe(true);
+    finish.resolve();
+    await within(finished.promise, 5_000, 'the first handler to answer');
+    await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed');
+    const after = await get(`${app.url}/buy?order=${order}`);
+    expect(after.status).toBe(200);
+    expect(after.body).toEqual({ already: true });
+    expect(purchases.get(order)).toBe(1);
+  });
+
+  it('frees the lock of a handler that gives up on a disconnected client without answering', async () => {
+    const order = freshOrder('abandon');
+    const started = deferred();
+    const gone = deferred();
+    const returned = deferred();
+    const app = await start({
+      routes: {
+        '/buy': {
+          use: [fw.withLock(orderKey, { redis, ttl: 2_000 })],
+          handle: async (c) => {
+            if (c.query.then === 'answer') return undefined;
+            started.resolve();
+            await c.closed();
+            gone.resolve();
+            // Still held while this handler runs.
+            expect(c.lock!.signal.aborted).toBe(false);
+            await delay(50);
+            setImmediate(() => returned.resolve());
+            return c.clientGone() ? { end: false } : undefined;
+          },
+        },
+      },
+    });
+    const pending = send(`${app.url}/buy?order=${order}`);
+    await within(started.promise, 5_000, 'the handler to start');
+    pending.abort();
+    await within(gone.promise, 5_000, 'the server to see the disconnect');
+    expect((await get(`${app.url}/buy?order=${order}`)).status).toBe(423);
+    await within(returned.promise, 5_000, 'the handler to return');
+    // Express: nothing will ever end that response; it is freed when collected, long before its ttl of 2 s would
+    // matter (auto-extension would keep it forever otherwise). Koa: freed in finally.
+    const t0 = performance.now();
+    await until(
+      async () => {
+        gc();
+        return !(await lockedInRedis(order));
+      },
+      5_000,
+      'the abandoned lock to be freed',
+      20,
+    );
+    expect(performance.now() - t0).toBeLessThan(1_500);
+    expect((await get(`${app.url}/buy?order=${order}&then=answer`)).status).toBe(200);
+  });
+
+  it('extends the lock while a handler outlives the ttl, and aborts req.lock.signal when the lock is lost', async () => {
+    const order = freshOrder('extend');
+    const lost = freshOrder('lost');
+    const started = deferred();
+    const startedLost = deferred();
+    const app = await start({
+      routes: {
+        '/slow': {
+          use: [fw.withLock(orderKey, { redis, ttl: 300 })],
+          handle: async (c) => {
+            started.resolve();
+            await delay(1_000);
+            return { body: { aborted: c.lock!.signal.aborted } };
+          },
+        },
+        '/lost': {
+          use: [fw.withLock(orderKey, { redis, ttl: 400 })],
+          handle: async (c) => {
+            startedLost.resolve();
+            const reason = (await abortReason(c.lock!.signal, 5_000)) as { code?: string };
+            return { status: 409, body: { reason: reason.code } };
+          },
+        },
+      },
+    });
+    const slow = get(`${app.url}/slow?order=${order}`);
+    await within(started.promise, 5_000, 'the slow handler to start');
+    // Past three ttls the lock is still the slow handler's.
+    await delay(900);
+    expect((await get(`${app.url}/slow?order=${order}`)).status).toBe(423);
+    expect((await slow).body).toEqual({ aborted: false });
+    expect((await get(`${app.url}/slow?order=${order}`)).status).toBe(200);
+
+    const losing = get(`${app.url}/lost?order=${lost}`);
+    await within(startedLost.promise, 5_000, 'the handler to start');
+    // Someone (an operator, a failover) drops the lock: the next extension finds it gone.
+    await redis.del(lockNames('hasp:lock:', lost).lock);
+    const r = await within(losing, 5_000, 'the handler to see the loss');
+    expect(r.status).toBe(409);
+    expect(r.body).toEqual({ reason: 'LOCK_LOST' });
+  });
+
+  it('re-enters a nested withLock on the same key and frees it once', async () => {
+    const order = freshOrder('nest');
+    const app = await start({
+      routes: {
+        '/nested': {
+          use: [fw.withLock(orderKey, { redis }), fw.withLock(orderKey, { redis }), fw.withLock(() => `${order}:items`, { redis })],
+          handle: (c) => ({ body: { key: c.lock?.key } }),
+        },
+      },
+    });
+    const r = await within(get(`${app.url}/nested?order=${order}`), 5_000, 'a nested withLock');
+    expect(r.status).toBe(200);
+    expect(r.body.key).toBe(`${order}:items`);
+    expect(await lockedInRedis(order)).toBe(false);
+    expect(await lockedInRedis(`${order}:items`)).toBe(false);
+    expect((await get(`${app.url}/nested?order=${order}`)).status).toBe(200);
+  });
+
+  it('waits for a busy lock when wait is set, and skips locking for an undefined key', async () => {
+    const order = freshOrder('wait');
+    const started = deferred();
+    const app = await start({
+      routes: {
+        '/buy': {
+          use: [fw.withLock(orderKey, { locker: new MemoryLock(), wait: 3_000 })],
+          handle: async (c) => {
+            started.resolve();
+            await delay(150);
+            return { body: { locked: c.lock !== undefined } };
+          },
+        },
+      },
+    });
+    const first = get(`${app.url}/buy?order=${order}`);
+    await within(started.promise, 5_000, 'the first handler');
+    const second = await within(get(`${app.url}/buy?order=${order}`), 5_000, 'the waiting request');
+    expect(second.status).toBe(200);
+    expect((await first).status).toBe(200);
+    const unlocked = await Promise.all([get(`${app.url}/buy`), get(`${app.url}/buy`)]);
+    expect(unlocked.map((r) => r.status)).toEqual([200, 200]);
+    expect(unlocked[0]!.body).toEqual({ locked: false });
+  });
+
+  it('answers 500 for a key function that throws or returns a non-string, without locking or running the handler', async () => {
+    let runs = 0;
+    const bad: Record<string, () => unknown> = {
+      throws: () => {
+        throw new Error('no order');
+      },
+      rejects: async () => {
+        throw new Error('no order');
+      },
+      number: () => 7,
+      empty: () => '',
+      object: async () => ({}),
+    };
+    const routes: Record<string, { use: unknown[]; handle: () => undefined }> = {};
+    for (const [k, fn] of Object.entries(bad)) {
+      routes[`/${k}`] = {
+        use: [fw.withLock(fn, { redis })],
+        handle: () => {
+          runs++;
+          return undefined;
+        },
+      };
+    }
+    const app = await start({ routes });
+    const before = await redis.keys('hasp:lock:*');
+    for (const path of Object.keys(routes)) {
+      const r = await get(`${app.url}${path}`);
+      expect(r.status, path).toBe(500);
+      expect(r.body.code, path).toBe('INVALID_KEY');
+    }
+    expect(runs).toBe(0);
+    expect(await redis.keys('hasp:lock:*')).toEqual(before);
+  });
+});
