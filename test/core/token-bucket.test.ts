@@ -157,6 +157,20 @@ describe('TokenBucket in memory, on an injected clock', () => {
     expect(await bucket.take('k', 5)).toMatchObject({ allowed: true, remaining: 0 });
   });
 
+  it('counts a bucket as empty, not locked out, when the clock goes back', async () => {
+    const clock = manualClock();
+    const bucket = new TokenBucket({ capacity: 10, rate: '1/s', clock: clock.now });
+    expect((await bucket.take('k', 10)).allowed).toBe(true);
+    // An NTP step back by an hour: the bucket is at worst empty, so a token is 1 s away, not an hour.
+    clock.advance(-3_600_000);
+    expect(await bucket.peek('k')).toEqual({ allowed: false, limit: 10, remaining: 0, retryAfter: 1_000, resetAfter: 10_000 });
+    expect(await bucket.take('k')).toEqual({ allowed: false, limit: 10, remaining: 0, retryAfter: 1_000, resetAfter: 10_000 });
+    clock.advance(1_000);
+    expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 0 });
+    clock.advance(60_000);
+    expect(await bucket.peek('k')).toMatchObject({ allowed: true, remaining: 9 });
+  });
+
   it('uses Date.now when no clock is given, read at each call (so fake timers apply)', async () => {
     const bucket = new TokenBucket({ capacity: 1, rate: '1/h' });
     expect((await bucket.take('k')).allowed).toBe(true);
@@ -521,6 +535,8 @@ describe('TokenBucket arguments', () => {
     // Buckets that would take ages to refill lose precision (and break Redis expiry): rejected up front.
     ['capacity', { capacity: 1e9, rate: '1/d' }],
     ['rate', { capacity: 1, rate: 1e-300 }],
+    // Every take costs at least 1 µs of refill: a smaller bucket could never grant anything.
+    ['capacity', { capacity: 0.5, rate: 1_000_000 }],
     ['redis', { ...ok, redis: {} }],
     ['redis', { ...ok, redis: 'redis://localhost' }],
     ['redis', { ...ok, redis: null }],

@@ -24,11 +24,11 @@ export class MemoryBucketStore implements BucketStore {
   take(key: string, cost: number, commit: boolean): Promise<Decision> {
     const now = Math.round(this.clock() * 1_000);
     this.sweep(now);
-    const { decision, newTat } = decide(this.params, this.tats.get(key), now, cost);
-    if (commit && decision.allowed) {
+    const { decision, store } = decide(this.params, this.tats.get(key), now, cost, commit);
+    if (store !== undefined) {
       // Re-insert so the sweeper meets recently used keys last.
       this.tats.delete(key);
-      this.tats.set(key, newTat);
+      this.tats.set(key, store);
     }
     return Promise.resolve(decision);
   }

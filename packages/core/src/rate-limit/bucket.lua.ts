@@ -15,19 +15,27 @@ local commit = ARGV[4] == '1'           -- '1' take, '0' peek
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tat = tonumber(redis.call('GET', key) or '0')
+local burst = capacity * interval
 local base = tat
 if base < now then base = now end
-local burst = capacity * interval
+-- A TAT beyond now + burst means the server clock went back (NTP step, failover to a host whose clock is behind):
+-- count the bucket as empty, not as locked for the length of the jump, and let a take write the clamped TAT down.
+local stale = base > now + burst
+if stale then base = math.floor(now + burst) end
 -- Whole µs per take, at least 1: ceil(base + tiny) would round to base and make tiny costs free.
 local newTat = base + math.ceil(cost * interval)
 local allowed = newTat - now <= burst
 local after = base
+local store = nil
 if allowed then
   after = newTat
-  if commit then
-    -- %d keeps all digits; Lua's default number format would round them away.
-    redis.call('SET', key, string.format('%d', newTat), 'PX', math.ceil((newTat - now) / 1000))
-  end
+  store = newTat
+elseif stale then
+  store = base
+end
+if commit and store then
+  -- %d keeps all digits; Lua's default number format would round them away. The key expires when the bucket is full.
+  redis.call('SET', key, string.format('%d', store), 'PX', math.ceil((store - now) / 1000))
 end
 local remaining = math.floor((burst - (after - now)) / interval)
 local retryAfter = 0

@@ -18,17 +18,27 @@ export function gcraParams(capacity: number, ratePerSecond: number): GcraParams 
 
 /**
  * Decides a take of `cost` at `now` (µs) for a bucket whose TAT is `tat` (µs; absent or past means full).
- * `newTat` is what to store when the take is allowed.
+ * `store` is the TAT to write when the decision is a take (`commit`), or undefined when nothing changes.
  */
-export function decide(p: GcraParams, tat: number | undefined, now: number, cost: number): { decision: Decision; newTat: number } {
-  const base = tat === undefined || tat < now ? now : tat;
+export function decide(
+  p: GcraParams,
+  tat: number | undefined,
+  now: number,
+  cost: number,
+  commit = true,
+): { decision: Decision; store: number | undefined } {
   const burst = p.capacity * p.interval;
+  let base = tat === undefined || tat < now ? now : tat;
+  // A TAT beyond now + burst means the clock went back (NTP step, failover to a host whose clock is behind): count the
+  // bucket as empty, not as locked for the length of the jump, and let a take write the clamped TAT down.
+  const stale = base > now + burst;
+  if (stale) base = Math.floor(now + burst);
   // base is a whole µs; adding a whole cost keeps newTat exact, and a tiny cost still costs 1 µs instead of nothing.
   const newTat = base + Math.ceil(cost * p.interval);
   const allowed = newTat - now <= burst;
   const after = allowed ? newTat : base;
   return {
-    newTat,
+    store: !commit ? undefined : allowed ? newTat : stale ? base : undefined,
     decision: {
       allowed,
       limit: p.capacity,

@@ -58,6 +58,10 @@ export class TokenBucket {
     this.rate = parseRate(o.rate);
     if (this.rate > MAX_RATE) throw new RangeError(`rate must be at most ${MAX_RATE} tokens per second, got ${this.rate}`);
     const params = gcraParams(this.capacity, this.rate);
+    if (params.capacity * params.interval < 1) {
+      // Every take costs at least 1 µs of refill, so such a bucket could never grant anything.
+      throw new RangeError(`capacity must hold at least 1 µs of refill (capacity × 1e6 / rate >= 1), got capacity ${this.capacity} at rate ${this.rate}/s`);
+    }
     if (params.capacity * params.interval > MAX_REFILL_US) {
       throw new RangeError(
         `capacity / rate must be at most ${Math.floor(MAX_REFILL_US / 1e6)} s (the time an empty bucket takes to refill), ` +
