@@ -483,6 +483,15 @@ describe('TokenBucket when Redis fails', () => {
     expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 0 });
   });
 
+  it('rejects at once when the client was quit', async () => {
+    const { redis, bucket } = bucketOn();
+    expect((await bucket.take('k')).allowed).toBe(true);
+    await redis.quit();
+    const started = performance.now();
+    expectUnavailable(await within(rejection(bucket.take('k')), 1_000, 'take on a quit client'));
+    expect(performance.now() - started).toBeLessThan(500);
+  });
+
   it('honours the timeout option on a frozen server', async () => {
     const { redis, bucket } = bucketOn({ timeout: 200 });
     expect(await redis.ping()).toBe('PONG');

@@ -85,7 +85,7 @@ function scenarios(intervals: fc.Arbitrary<number>, withTime: boolean): fc.Arbit
             )
           : fc.constant(0),
       });
-      return fc.record({ capacity: fc.constant(capacity), interval: fc.constant(interval), ops: fc.array(op, { maxLength: 40 }) });
+      return fc.record({ capacity: fc.constant(capacity), interval: fc.constant(interval), ops: fc.array(op, { maxLength: 40, size: 'max' }) });
     });
 }
 
