@@ -10,7 +10,7 @@ type Job =
   | ({ kind: 'http-server' } & HttpServerJob)
   | ({ kind: 'load' } & LoadJob)
   | { kind: 'redis-memory'; port: number }
-  | { kind: 'heap'; requests: number; keys: number; frameworks: ('express' | 'koa')[] };
+  | ({ kind: 'heap' } & Parameters<typeof runHeap>[0]);
 
 function send(message: object): Promise<void> {
   return new Promise((resolve) => process.send!(message, () => resolve()));

@@ -90,7 +90,6 @@ export interface HeapRow {
   afterGc2: number;
   /** Wall time of pass 1, ms. */
   ms: number;
-  note?: string;
 }
 
 declare const gc: (() => void) | undefined;
@@ -122,17 +121,27 @@ async function heapCase(what: string, requests: number, keyCount: number, take: 
   return { what, requests, keys: keyCount, before, after1, afterGc1, after2, afterGc2, ms };
 }
 
-export async function runHeap(job: { requests: number; keys: number; frameworks: ('express' | 'koa')[] }): Promise<HeapRow[]> {
+/** Which in-memory limiter a heap case drives; each case runs in a fresh process so "before" is clean. */
+export type HeapSubject = 'bucket' | 'express' | 'koa';
+
+export async function runHeap(job: { subject: HeapSubject; requests: number; keys: number }): Promise<HeapRow> {
   if (typeof gc !== 'function') throw new Error('run with --expose-gc');
   // Capacity 10, 10/s: each key sees requests/keys takes (5 for 1M over 200k), all allowed, and is full again within 1 s.
-  const rows: HeapRow[] = [];
-  const bucket = new TokenBucket({ capacity: 10, rate: '10/s' });
-  rows.push(await heapCase('hasp TokenBucket (in-memory)', job.requests, job.keys, (k) => bucket.take(k)));
-  for (const framework of job.frameworks) {
-    const take = framework === 'express' ? expressDriver() : koaDriver();
-    rows.push(await heapCase(`@hasp/${framework} rateLimit (in-memory)`, job.requests, job.keys, take));
+  switch (job.subject) {
+    case 'bucket': {
+      const bucket = new TokenBucket({ capacity: 10, rate: '10/s' });
+      return heapCase('hasp TokenBucket (in-memory)', job.requests, job.keys, (k) => bucket.take(k));
+    }
+    case 'express':
+      return heapCase('@hasp/express rateLimit (in-memory)', job.requests, job.keys, expressDriver());
+    case 'koa':
+      return heapCase('@hasp/koa rateLimit (in-memory)', job.requests, job.keys, koaDriver());
   }
-  return rows;
+}
+
+/** A pooled response is reused: drop the previous request's fields, which the limiter would otherwise append to. */
+function clearHeaders(res: http.ServerResponse): void {
+  for (const name of res.getHeaderNames()) res.removeHeader(name);
 }
 
 /** Calls the Express middleware directly with a small pool of real request/response objects (no sockets). */
@@ -154,6 +163,7 @@ function expressDriver(): (key: string) => Promise<unknown> {
   return (key) => {
     const { req, res } = pool[i++ % pool.length]!;
     req.headers['x-key'] = key;
+    clearHeaders(res);
     return new Promise<void>((resolve, reject) => {
       void mw(req, res, (err?: unknown) => (err ? reject(err instanceof Error ? err : new Error(String(err))) : resolve()));
     });
@@ -175,6 +185,7 @@ function koaDriver(): (key: string) => Promise<unknown> {
   return async (key) => {
     const { req, res } = pool[i++ % pool.length]!;
     req.headers['x-key'] = key;
+    clearHeaders(res);
     const ctx = app.createContext(req, res);
     await mw(ctx, async () => undefined);
   };

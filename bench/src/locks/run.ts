@@ -1,6 +1,7 @@
 // The two lock workloads, run inside a forked child: uncontended (each worker on its own key, acquire + release in a
 // loop) and contended (all workers on one key, each holding it ~1 ms), with a warm-up whose numbers are discarded.
 import { performance } from 'node:perf_hooks';
+import { Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Samples } from '../stats.js';
 import { type LockSpec, makeLockLib } from './libs.js';
@@ -22,6 +23,19 @@ export interface UncontendedResult {
   acquireP50: number;
   acquireP99: number;
   failures: number;
+  /** CPU time per cycle in the measured window: this (client) process, and all Redis nodes used, summed. */
+  clientCpuUs: number;
+  redisCpuUs: number;
+}
+
+/** Seconds of CPU the Redis servers on `ports` have used (INFO cpu), summed, read over its own connections. */
+async function redisCpu(clients: Redis[]): Promise<number> {
+  let total = 0;
+  for (const c of clients) {
+    const info = await c.info('cpu');
+    total += Number(/used_cpu_user:([\d.]+)/.exec(info)?.[1]) + Number(/used_cpu_sys:([\d.]+)/.exec(info)?.[1]);
+  }
+  return total;
 }
 
 export interface ContendedResult {
@@ -40,7 +54,11 @@ export interface ContendedResult {
 }
 
 /** Runs `body` on every worker until the window closes; `measuring()` tells whether numbers count yet. */
-async function measureWindow(job: LockJob, onMeasureStart: () => void): Promise<{ measuring: () => boolean; stopped: () => boolean; elapsed: () => number; done: Promise<void> }> {
+async function measureWindow(
+  job: LockJob,
+  onMeasureStart: () => void,
+  onMeasureEnd: () => void = () => undefined,
+): Promise<{ measuring: () => boolean; stopped: () => boolean; elapsed: () => number; done: Promise<void> }> {
   let measuring = false;
   let stopped = false;
   let started = 0;
@@ -52,6 +70,7 @@ async function measureWindow(job: LockJob, onMeasureStart: () => void): Promise<
     started = performance.now();
     await sleep(job.measureMs);
     ended = performance.now();
+    onMeasureEnd();
     measuring = false;
     stopped = true;
   })();
@@ -60,14 +79,28 @@ async function measureWindow(job: LockJob, onMeasureStart: () => void): Promise<
 
 export async function runUncontended(job: LockJob): Promise<UncontendedResult> {
   const lib = await makeLockLib(job.spec, job.ports);
+  const probes = job.ports.slice(0, job.spec.nodes).map((port) => new Redis({ port, host: '127.0.0.1' }));
   const acquire = new Samples();
   let cycles = 0;
   let failures = 0;
-  const w = await measureWindow(job, () => {
-    acquire.clear();
-    cycles = 0;
-    failures = 0;
-  });
+  let cpu0 = process.cpuUsage();
+  let cpu: NodeJS.CpuUsage = { user: NaN, system: NaN };
+  let redis0: Promise<number> = Promise.resolve(NaN);
+  let redis1: Promise<number> = Promise.resolve(NaN);
+  const w = await measureWindow(
+    job,
+    () => {
+      acquire.clear();
+      cycles = 0;
+      failures = 0;
+      cpu0 = process.cpuUsage();
+      redis0 = redisCpu(probes);
+    },
+    () => {
+      cpu = process.cpuUsage(cpu0);
+      redis1 = redisCpu(probes);
+    },
+  );
   const worker = async (i: number) => {
     const h = lib.handle(`bench:u:${job.runId}:${i}`);
     while (!w.stopped()) {
@@ -89,8 +122,16 @@ export async function runUncontended(job: LockJob): Promise<UncontendedResult> {
   for (let i = 0; i < job.workers; i++) void worker(i).catch(() => failures++);
   await w.done;
   const s = acquire.summary();
+  const redisSeconds = (await redis1) - (await redis0);
   // The child exits right after answering; locks still held just expire (every run uses fresh keys).
-  return { cyclesPerSec: cycles / (w.elapsed() / 1000), acquireP50: s.p50, acquireP99: s.p99, failures };
+  return {
+    cyclesPerSec: cycles / (w.elapsed() / 1000),
+    acquireP50: s.p50,
+    acquireP99: s.p99,
+    failures,
+    clientCpuUs: (cpu.user + cpu.system) / cycles,
+    redisCpuUs: (redisSeconds * 1e6) / cycles,
+  };
 }
 
 export async function runContended(job: LockJob): Promise<ContendedResult> {
