@@ -10,7 +10,7 @@ const urls = process.env.REDIS_NODES ?? 'redis://127.0.0.1:6379,redis://127.0.0.
 const nodes = urls.split(',').map((url) => new Redis(url));
 const app = express();
 
-// An array of clients makes a Redlock (one per distinct array, shared by every withLock given it) ...
+// An array of clients makes a Redlock (shared by every withLock given the same clients) ...
 app.post('/orders/:id/refund', withLock((req) => `order:${req.params.id}`, { redis: nodes }), refund);
 
 // ... or bring any locker you configured yourself: RedisLock, Redlock or MemoryLock.

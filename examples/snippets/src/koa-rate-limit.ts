@@ -54,7 +54,6 @@ async function passwordMatches(username?: string, password?: string): Promise<bo
 }
 
 import { assert, send, serve, statuses } from './check.js';
-app.silent = true;
 const { url, close } = await serve(app.callback());
 assert.deepEqual(await statuses(4, 'POST', `${url}/sms/send`, { phone: '+15550000001' }), [200, 200, 200, 429]);
 const sms = await send('POST', `${url}/sms/send`, { phone: '+15550000002' });

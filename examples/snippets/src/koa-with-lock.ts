@@ -41,7 +41,6 @@ async function charge(order: string, { fence, signal }: { fence: number; signal:
 }
 
 import { assert, send, serve } from './check.js';
-app.silent = true;
 const { url, close } = await serve(app.callback());
 const replies = await Promise.all([1, 2, 3].map(() => send('POST', `${url}/orders/7/purchase`)));
 assert.deepEqual(replies.map((r) => r.status).sort(), [200, 423, 423]);

@@ -25,7 +25,6 @@ async function purchase(ctx: Koa.Context): Promise<void> {
 }
 
 import { assert, send, serve, statuses } from './check.js';
-app.silent = true;
 const { url, close } = await serve(app.callback());
 assert.deepEqual(await statuses(6, 'POST', `${url}/login`, { username: 'alice' }), [401, 401, 401, 401, 401, 429]);
 assert.equal((await send('POST', `${url}/login`, { username: 'bob' })).status, 401);
