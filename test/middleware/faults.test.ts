@@ -1,0 +1,151 @@
+// rateLimit() and withLock() over real HTTP while their Redis is killed or frozen, for Express 4, Express 5, Koa 2 and
+// Koa 3: each onStoreError policy, 503 LOCK_UNAVAILABLE without running the handler, every request answered within a
+// bound (ioredis's offline queue and retry budget must not hold requests), and recovery without a restart.
+import { TokenBucket } from '@hasp/core';
+import type { Redis } from 'ioredis';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { until } from '../core/helpers.js';
+import { notReady, ready, trackUnhandled } from '../redlock/support.js';
+import { FRAMEWORKS, framework, get, type Framework, type Response, type RunningApp } from './apps.js';
+
+/** The documented bound: the store's 2 s timeout, plus slack for a loaded machine. */
+const BOUND_MS = 3_000;
+
+let node: RedisNode;
+/** The app's client, on ioredis's default options (offline queue on, 20 retries per request). */
+let redis: Redis;
+const unhandled = trackUnhandled();
+
+beforeAll(async () => {
+  node = await startRedis();
+  redis = node.client();
+  await ready(redis);
+});
+
+afterAll(async () => {
+  unhandled.stop();
+  await stopAll();
+  expect(unhandled.reasons).toEqual([]);
+});
+
+describe.each(FRAMEWORKS)('Redis failures on %s', (name) => {
+  let fw: Framework;
+  let app: RunningApp | undefined;
+  let runs = 0;
+  const tag = `${name}-${process.pid}`;
+
+  beforeAll(async () => {
+    fw = await framework(name);
+  });
+
+  afterEach(async () => {
+    // A failed test must not leave the next one a frozen or dead Redis.
+    try {
+      node.resume();
+    } catch {
+      // not running: restarted below
+    }
+    if (redis.status !== 'ready') {
+      await node.restart();
+      await ready(redis);
+    }
+    await app?.close();
+    app = undefined;
+  });
+
+  async function startApp(): Promise<RunningApp> {
+    runs = 0;
+    const limit = (policy: string, onStoreError?: string) =>
+      fw.rateLimit({ capacity: 2, rate: '1/h', redis, policy: `${tag}-${policy}`, key: 'k', onStoreError });
+    app = await fw.start({
+      routes: {
+        '/memory': { use: [limit(`memory-${Math.random()}`)] },
+        '/open': { use: [limit(`open-${Math.random()}`, 'open')] },
+        '/closed': { use: [limit(`closed-${Math.random()}`, 'closed')] },
+        '/lock': {
+          use: [fw.withLock(() => `${tag}-order`, { redis })],
+          handle: () => {
+            runs++;
+            return undefined;
+          },
+        },
+      },
+    });
+    return app;
+  }
+
+  /** Sends a request and checks it was answered within the bound. */
+  async function bounded(path: string): Promise<Response> {
+    const r = await get(`${app!.url}${path}`);
+    expect(r.ms, `${path} answered within ${BOUND_MS} ms`).toBeLessThan(BOUND_MS);
+    return r;
+  }
+
+  it('applies each onStoreError policy and withLock answers 503 while Redis is dead, then recovers', async () => {
+    await startApp();
+    for (const path of ['/memory', '/open', '/closed', '/lock']) expect((await bounded(path)).status, path).toBe(200);
+    expect(runs).toBe(1);
+
+    await node.kill();
+    await notReady(redis);
+
+    // 'memory': a per-process bucket of the same size stands in (full: it has not seen the request Redis took).
+    const memory = [await bounded('/memory'), await bounded('/memory'), await bounded('/memory')];
+    expect(memory.map((r) => r.status)).toEqual([200, 200, 429]);
+    expect(memory[0]!.headers.ratelimit).toMatch(/;r=1;t=\d+$/);
+    // 'open': requests go through, unlimited and without fields.
+    const open = [await bounded('/open'), await bounded('/open'), await bounded('/open')];
+    expect(open.map((r) => r.status)).toEqual([200, 200, 200]);
+    expect(open[0]!.headers.ratelimit).toBeUndefined();
+    // 'closed': 503 with Retry-After.
+    const closed = await bounded('/closed');
+    expect(closed.status).toBe(503);
+    expect(closed.body.code).toBe('RATE_LIMIT_UNAVAILABLE');
+    expect(Number(closed.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    // withLock: 503 and the handler never runs without the lock.
+    const lock = await bounded('/lock');
+    expect(lock.status).toBe(503);
+    expect(lock.body.code).toBe('LOCK_UNAVAILABLE');
+    expect(runs).toBe(1);
+
+    await node.restart();
+    await ready(redis);
+
+    // Back on Redis without restarting the app: the fresh server's buckets are full, and they are Redis's again.
+    const back = await bounded('/closed');
+    expect(back.status).toBe(200);
+    expect(back.headers.ratelimit).toMatch(/;r=1;t=\d+$/);
+    expect((await bounded('/memory')).status).toBe(200);
+    const memoryKeys = await redis.keys(`hasp:tb:${tag}-memory-*`);
+    expect(memoryKeys).toHaveLength(1);
+    const prefix = memoryKeys[0]!.slice(0, memoryKeys[0]!.indexOf('{'));
+    expect((await new TokenBucket({ capacity: 2, rate: '1/h', redis, prefix }).peek('k')).remaining).toBe(0);
+    expect((await bounded('/lock')).status).toBe(200);
+    expect(runs).toBe(2);
+  });
+
+  it('answers within the bound while Redis is frozen, stops asking it, and recovers once it answers', async () => {
+    await startApp();
+    for (const path of ['/memory', '/closed', '/lock']) expect((await bounded(path)).status, path).toBe(200);
+    node.pause();
+    // The connection stays up: only the 2 s timeout can notice. All at once, so the file stays fast.
+    const [memory, closed, lock] = await Promise.all([bounded('/memory'), bounded('/closed'), bounded('/lock')]);
+    expect(memory.status).toBe(200);
+    expect(closed.status).toBe(503);
+    expect(closed.body.code).toBe('RATE_LIMIT_UNAVAILABLE');
+    expect(lock.status).toBe(503);
+    expect(lock.body.code).toBe('LOCK_UNAVAILABLE');
+    expect(runs).toBe(1);
+    // The limiter's circuit is open: it no longer waits for the frozen Redis.
+    const fast = await bounded('/closed');
+    expect(fast.status).toBe(503);
+    expect(fast.ms).toBeLessThan(500);
+
+    node.resume();
+    // (The request that timed out still reaches Redis once it thaws and takes its token: 200 or 429 means Redis decided.)
+    await until(async () => (await bounded('/closed')).status !== 503, 5_000, 'the limiter to use Redis again', 100);
+    await until(async () => (await bounded('/lock')).status === 200, 5_000, 'withLock to lock again', 100);
+    expect(runs).toBe(2);
+  });
+});
