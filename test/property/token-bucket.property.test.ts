@@ -119,6 +119,49 @@ describe('TokenBucket in memory against the continuous model', () => {
   });
 });
 
+describe('TokenBucket waits', () => {
+  it('means what retryAfter and resetAfter say: waiting that long is enough, 1 ms less is not', async () => {
+    await fc.assert(
+      fc.asyncProperty(
+        scenarios(fc.oneof(evenInterval(2, 20_000), evenInterval(20_000, 7_200_000_000)), true),
+        fc.integer({ min: 1, max: 40 }),
+        async ({ capacity, interval, ops }, wantHalves) => {
+          const want = Math.min(wantHalves / 2, capacity);
+          // Two buckets with the same history; then one waits the advertised time, the other 1 ms less.
+          const clocks = [1_700_000_000_000_000, 1_700_000_000_000_000];
+          const [a, b] = clocks.map((_, i) => new TokenBucket({ capacity, rate: 1e6 / interval, clock: () => clocks[i]! / 1_000 }));
+          for (const op of ops) {
+            for (const [i, bucket] of [a!, b!].entries()) {
+              clocks[i]! += op.advance;
+              if (op.kind === 'reset') await bucket.reset(op.key);
+              else await bucket[op.kind](op.key, op.cost);
+            }
+          }
+          const d = await a!.peek('a', want);
+          if (!d.allowed) {
+            clocks[0]! += d.retryAfter * 1_000;
+            clocks[1]! += (d.retryAfter - 1) * 1_000;
+            expect((await a!.peek('a', want)).allowed).toBe(true);
+            expect((await b!.peek('a', want)).allowed).toBe(false);
+          }
+          // resetAfter is counted after the decision; a denied peek takes nothing, so it is the wait until full.
+          // (The clocks may differ by now: each bucket waits what it was told, the second 1 ms less.)
+          const [fullA, fullB] = [await a!.peek('a', capacity), await b!.peek('a', capacity)];
+          if (!fullA.allowed) {
+            clocks[0]! += fullA.resetAfter * 1_000;
+            expect((await a!.peek('a', capacity)).allowed).toBe(true);
+          }
+          if (!fullB.allowed) {
+            clocks[1]! += (fullB.resetAfter - 1) * 1_000;
+            expect((await b!.peek('a', capacity)).allowed).toBe(false);
+          }
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+});
+
 describe('TokenBucket on Redis', () => {
   let node: RedisNode;
   let redis: Redis;
