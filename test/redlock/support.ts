@@ -41,8 +41,17 @@ export class Nodes {
     return Object.keys(h).length === 0 ? null : h;
   }
 
+  /** Nodes killed and not restarted yet. */
+  readonly killed = new Set<number>();
+  /** Nodes paused (SIGSTOP) and not resumed yet. */
+  readonly paused = new Set<number>();
+
   /** SIGKILLs nodes `ids` and waits until `clients` (and the admin connections) have noticed. */
   async kill(ids: readonly number[], clients: readonly Redis[][] = []): Promise<void> {
+    for (const i of ids) {
+      this.killed.add(i);
+      this.paused.delete(i);
+    }
     await Promise.all(ids.map((i) => this.nodes[i]!.kill()));
     await Promise.all(ids.flatMap((i) => [this.admins[i]!, ...clients.map((c) => c[i]!)]).map((c) => notReady(c)));
   }
@@ -50,7 +59,27 @@ export class Nodes {
   /** Restarts nodes `ids` (empty: no persistence) and waits until `clients` and the admin connections are ready. */
   async restart(ids: readonly number[], clients: readonly Redis[][] = []): Promise<void> {
     await Promise.all(ids.map((i) => this.nodes[i]!.restart()));
+    for (const i of ids) {
+      this.killed.delete(i);
+      this.paused.delete(i);
+    }
     await Promise.all(ids.flatMap((i) => [this.admins[i]!, ...clients.map((c) => c[i]!)]).map((c) => ready(c)));
+  }
+
+  /** SIGSTOPs nodes `ids`: they keep their connections but answer nothing. */
+  pause(ids: readonly number[]): void {
+    for (const i of ids) {
+      this.nodes[i]!.pause();
+      this.paused.add(i);
+    }
+  }
+
+  /** SIGCONTs nodes `ids`. */
+  resume(ids: readonly number[]): void {
+    for (const i of ids) {
+      this.nodes[i]!.resume();
+      this.paused.delete(i);
+    }
   }
 
   /** Resumes every paused node (a no-op on running ones); nodes that are not running are left alone. */
@@ -62,6 +91,26 @@ export class Nodes {
         // not running
       }
     }
+    this.paused.clear();
+  }
+
+  /** Brings every node back: resumes the paused ones, restarts the killed ones, and waits for the admin connections. */
+  async heal(): Promise<void> {
+    this.resumeAll();
+    if (this.killed.size > 0) await this.restart([...this.killed]);
+    await Promise.all(this.admins.map((a) => ready(a)));
+  }
+
+  /** Indices of the nodes where `key`'s lock hash exists (asked of every live node; dead ones are skipped). */
+  async holders(prefix: string, key: string): Promise<number[]> {
+    const live = this.nodes.map((_, i) => i).filter((i) => !this.killed.has(i) && !this.paused.has(i));
+    const held = await Promise.all(live.map(async (i) => ((await this.lockOn(i, prefix, key)) === null ? -1 : i)));
+    return held.filter((i) => i >= 0);
+  }
+
+  /** Closes the admin connections. */
+  close(): void {
+    for (const a of this.admins) a.disconnect();
   }
 }
 

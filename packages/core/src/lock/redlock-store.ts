@@ -19,6 +19,9 @@ import type { AttemptResult, LockStore } from './store.js';
 /** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
 const MIN_NODE_TIMEOUT_MS = 50;
 
+/** Allowance for long keys in the per-node timeout: 1 ms per this many characters of the key's Redis name. */
+const KEY_BYTES_PER_MS = 2_048;
+
 type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown } | undefined;
 
 export interface RedlockSettings {
@@ -59,7 +62,7 @@ export class RedlockStore implements LockStore {
   async extend(key: string, token: string, ttl: number): Promise<number | null> {
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
-    const timeout = this.nodeTimeout(ttl);
+    const timeout = this.nodeTimeout(ttl, n.lock);
     const outcomes = await gather(
       this.clients.map((c) => bounded(c, timeout, () => EXTEND.run(c, [n.lock], [token, ttl]).then(Number))),
       (o) => count(o, (v) => v >= 0) >= q || count(o, (v) => v < 0) > this.clients.length - q,
@@ -130,7 +133,7 @@ export class RedlockStore implements LockStore {
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     const total = this.clients.length;
-    const timeout = this.nodeTimeout(ttl);
+    const timeout = this.nodeTimeout(ttl, n.lock);
     const token = randomToken();
     const floor = String(Date.now() * 1_000);
     const started = Date.now();
@@ -152,11 +155,16 @@ export class RedlockStore implements LockStore {
           stray(c),
         ),
       ),
-      // Votes count per token (a reentry votes for the lock's existing token): settle once one token has a quorum, or
-      // once none can get one.
+      // Votes count per token (a reentry votes for the lock's existing token). Settle once one token has a quorum; or
+      // once none can get one and the answers so far already tell what kind of failure it is (down, busy, split).
       (o) => {
         const best = Math.max(0, ...tally(grantsOf(o)).values());
-        return best >= q || best + pendingCount(o) < q;
+        const pending = pendingCount(o);
+        const failed = o.filter((x) => x !== undefined && !x.ok).length;
+        const busy = o.filter((x) => x?.ok && !x.value.ok).length;
+        if (best >= q || failed > total - q || busy > total - q) return true;
+        if (best + pending >= q) return false;
+        return pending === 0 || (failed + pending <= total - q && busy + pending <= total - q);
       },
       (i, r) => stray(this.clients[i]!)(r),
     );
@@ -208,17 +216,18 @@ export class RedlockStore implements LockStore {
     decided.verdict = verdict;
     for (const [c, r] of strays.splice(0)) verdict(c, r);
 
-    // Undo every counted grant that is not the lease's, and (as a safety net for replies that never come) our token on
-    // every node that did not answer. After a failure this is awaited (bounded), so the caller finds nothing left behind
-    // on the nodes that answer.
-    const undo = Promise.allSettled(
-      this.clients.map((c, i) => {
-        const g = grants[i];
-        if (g !== undefined) return g.token === keep ? undefined : this.releaseOn(c, n, g.token, timeout);
-        return outcomes[i]?.ok || token === keep ? undefined : this.releaseOn(c, n, token, timeout);
-      }),
-    );
-    if (keep === undefined) await undo;
+    // Undo every counted grant that is not the lease's, and (a safety net for replies that never come) our token on
+    // every node that did not answer. After a failure the undo on the nodes that did answer is awaited (bounded), so
+    // the caller finds nothing left behind on live nodes; silent nodes are not waited for (strays cover them).
+    const undo = this.clients.map((c, i) => {
+      const g = grants[i];
+      if (g !== undefined) return g.token === keep ? undefined : this.releaseOn(c, n, g.token, timeout);
+      if (outcomes[i]?.ok || token === keep) return undefined;
+      this.releaseOn(c, n, token, timeout).catch(() => undefined);
+      return undefined;
+    });
+    if (keep === undefined) await Promise.allSettled(undo);
+    else for (const p of undo) p?.catch(() => undefined);
     return result;
   }
 
@@ -246,8 +255,10 @@ export class RedlockStore implements LockStore {
     return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']));
   }
 
-  private nodeTimeout(ttl: number): number {
-    return this.s.nodeTimeout ?? Math.min(this.s.timeout, Math.max(MIN_NODE_TIMEOUT_MS, Math.floor(ttl / 100)));
+  /** The per-node bound of one round. A long key takes longer to send and parse (its names travel in every call). */
+  private nodeTimeout(ttl: number, stem: string): number {
+    const base = this.s.nodeTimeout ?? Math.min(this.s.timeout, Math.max(MIN_NODE_TIMEOUT_MS, Math.floor(ttl / 100)));
+    return base + Math.floor(stem.length / KEY_BYTES_PER_MS);
   }
 
   private unavailable(what: string, outcomes: readonly Outcome<unknown>[]): LockUnavailableError {

@@ -23,9 +23,15 @@ export function bounded<T>(
   op: () => Promise<T>,
   late?: (result: T) => void,
 ): Promise<T> {
-  const status = (client as { status?: string }).status;
+  const { status, retryAttempts } = client as unknown as { status?: string; retryAttempts?: unknown };
   if (status !== undefined && DOWN.has(status)) {
     return Promise.reject(new RedisCallError(`Redis connection is ${status}`));
+  }
+  // Between reconnect attempts ioredis passes through 'connecting' and 'connect'; a command sent then would wait in the
+  // offline queue and run whenever the server is back, long after we gave up on it. A client that has connected
+  // before counts its attempts (reset once ready).
+  if (status !== 'ready' && typeof retryAttempts === 'number' && retryAttempts > 0) {
+    return Promise.reject(new RedisCallError(`Redis connection is reconnecting (attempt ${retryAttempts})`));
   }
   let pending: Promise<T>;
   try {

@@ -1,0 +1,273 @@
+// Redlock on five private redis-server masters while nodes die, freeze and lose data: what still works with a minority
+// down, how fast and how cleanly it fails without a quorum, and what auto-extension reports.
+import type { Redis } from 'ioredis';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import {
+  LockLostError,
+  LockUnavailableError,
+  type LockErrorEvent,
+  type Redlock,
+  type RedlockOptions,
+} from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { startRedisNodes, stopAll } from '../harness/redis.js';
+import { abortReason, rejection, until, within } from '../core/helpers.js';
+import { freshPrefix, Nodes, timed, trackUnhandled } from './support.js';
+
+let nodes: Nodes;
+const made: { locker: Redlock; clients: Redis[] }[] = [];
+let unhandled: ReturnType<typeof trackUnhandled>;
+
+beforeAll(async () => {
+  nodes = new Nodes(await startRedisNodes(5));
+});
+
+afterAll(async () => {
+  nodes?.close();
+  await stopAll();
+});
+
+beforeEach(() => {
+  unhandled = trackUnhandled();
+});
+
+afterEach(async () => {
+  for (const m of made.splice(0)) {
+    m.locker.close();
+    for (const c of m.clients) c.disconnect();
+  }
+  await nodes.heal();
+  unhandled.stop();
+  expect(unhandled.reasons).toEqual([]);
+});
+
+/** A Redlock with its own five connections, closed after the test. */
+function redlock(options: RedlockOptions): { locker: Redlock; clients: Redis[] } {
+  const m = nodes.redlock(options);
+  made.push(m);
+  return m;
+}
+
+/** Asserts a LockUnavailableError that keeps its cause. */
+function expectUnavailable(error: unknown): void {
+  expect(error).toBeInstanceOf(LockUnavailableError);
+  expect(error).toMatchObject({ code: 'LOCK_UNAVAILABLE' });
+  expect((error as Error).cause).toBeDefined();
+}
+
+/** Waits until no live node holds `key`'s lock (late grants handed back, queued releases run). */
+function noLockLeft(prefix: string, key: string, what: string): Promise<void> {
+  return until(async () => (await nodes.holders(prefix, key)).length === 0, 5_000, what, 20);
+}
+
+describe('Redlock with a minority of nodes down', () => {
+  it('acquires, extends and releases with 2 of 5 nodes killed', async () => {
+    const prefix = freshPrefix('minority');
+    const a = redlock({ prefix });
+    const b = redlock({ prefix });
+    await nodes.kill([3, 4], [a.clients, b.clients]);
+
+    const lease = await a.locker.acquire('k', { ttl: 2_000 });
+    expect(await nodes.holders(prefix, 'k')).toEqual([0, 1, 2]);
+    expect(await b.locker.tryAcquire('k')).toBeNull();
+
+    const before = lease.expiresAt;
+    await lease.extend(10_000);
+    expect(lease.expiresAt).toBeGreaterThan(before + 5_000);
+    for (const i of [0, 1, 2]) expect(await nodes.admins[i]!.pttl(lockNames(prefix, 'k').lock)).toBeGreaterThan(9_000);
+
+    expect(await lease.release()).toBe(true);
+    expect(await nodes.holders(prefix, 'k')).toEqual([]);
+    const next = await b.locker.acquire('k');
+    expect(next.fence).toBeGreaterThan(lease.fence);
+    expect(await next.release()).toBe(true);
+  });
+
+  it('does not wait for paused nodes: acquire, extend and release settle at the quorum, well within nodeTimeout', async () => {
+    const prefix = freshPrefix('paused');
+    const nodeTimeout = 1_000;
+    const { locker } = redlock({ prefix, nodeTimeout });
+    await (await locker.acquire('warm-up')).release(); // connections and scripts ready
+
+    for (const paused of [[0], [1, 3]]) {
+      nodes.pause(paused);
+      const key = `k${paused.join('')}`;
+      const acquired = await timed(() => locker.acquire(key, { ttl: 10_000 }));
+      const lease = acquired.value!;
+      expect(lease, String(acquired.error)).toBeDefined();
+      const extended = await timed(() => lease.extend());
+      const released = await timed(() => lease.release());
+      expect(extended.error).toBeUndefined();
+      expect(released.value).toBe(true);
+      // Each settles once the live nodes answered, not after the paused nodes' timeout (generous slack for load).
+      for (const t of [acquired, extended, released]) expect(t.ms).toBeLessThan(nodeTimeout * 0.8);
+      nodes.resume(paused);
+      // The paused nodes run the queued acquire (a late grant of the lease, kept) and then the queued release.
+      await noLockLeft(prefix, key, 'the resumed nodes to run the queued release');
+    }
+  });
+
+  it('keeps a lease through auto-extension while a minority is killed and paused, reporting nothing', async () => {
+    const prefix = freshPrefix('auto-minority');
+    const events: LockErrorEvent[] = [];
+    const a = redlock({ prefix, onError: (e) => events.push(e) });
+    const b = redlock({ prefix });
+    const value = await a.locker.using(
+      'job',
+      async (lease) => {
+        await nodes.kill([4], [a.clients]);
+        nodes.pause([0]);
+        // Three extensions (each one an event: the lease's expiry moves) with the minority down.
+        for (let i = 0; i < 3; i++) {
+          const last = lease.expiresAt;
+          await until(() => lease.expiresAt > last || lease.signal.aborted, 2_000, 'an auto-extension');
+          expect(lease.signal.aborted).toBe(false);
+        }
+        expect(await b.locker.tryAcquire('job')).toBeNull();
+        expect((await nodes.holders(prefix, 'job')).sort()).toEqual([1, 2, 3]);
+        return 'done';
+      },
+      { ttl: 400 },
+    );
+    expect(value).toBe('done');
+    expect(events).toEqual([]);
+    const after = await b.locker.tryAcquire('job');
+    expect(after).not.toBeNull();
+    await after!.release();
+  });
+
+  it('keeps extending when the lock vanished from a minority, and loses it once a majority lost it', async () => {
+    const prefix = freshPrefix('vanish');
+    const { locker } = redlock({ prefix });
+    const lease = await locker.acquire('k', { ttl: 10_000 });
+    // The acquire settled at the quorum; the other nodes' grants may still be on their way.
+    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    const name = lockNames(prefix, 'k').lock;
+    await Promise.all([3, 4].map((i) => nodes.admins[i]!.del(name)));
+    await lease.extend();
+    expect(lease.signal.aborted).toBe(false);
+    await nodes.admins[2]!.del(name);
+    const lost = await rejection(lease.extend());
+    expect(lost).toBeInstanceOf(LockLostError);
+    expect(lease.signal.reason).toBeInstanceOf(LockLostError);
+    expect(await lease.release()).toBe(false);
+  });
+});
+
+describe('Redlock without a quorum', () => {
+  it('fails fast with LockUnavailableError when 3 of 5 nodes are killed, leaving no lock on the live nodes', async () => {
+    const prefix = freshPrefix('majority-killed');
+    const settings = { nodeTimeout: 200, retryCount: 2, retryDelay: 50 };
+    const { locker, clients } = redlock({ prefix, ...settings });
+    const held = await locker.acquire('held', { ttl: 30_000 });
+    await nodes.kill([2, 3, 4], [clients]);
+
+    // Killed nodes fail at once (their connections are reconnecting); the bound is every round's node timeout plus the
+    // retry delays, with slack for a loaded machine.
+    const bound = (settings.retryCount + 1) * settings.nodeTimeout + settings.retryCount * 2 * settings.retryDelay + 1_500;
+    const calls: [string, () => Promise<unknown>][] = [
+      ['acquire', () => locker.acquire('k')],
+      ['tryAcquire', () => locker.tryAcquire('k')],
+      ['acquire with wait', () => locker.acquire('k', { wait: 10_000 })],
+      ['using', () => locker.using('k', async () => expect.unreachable('fn ran without the lock'))],
+      ['extend', () => held.extend()],
+      ['release', () => held.release()],
+    ];
+    for (const [what, call] of calls) {
+      const t = await timed(() => within(call(), 10_000, what));
+      expectUnavailable(t.error);
+      expect(t.ms, what).toBeLessThan(bound);
+      expect(await nodes.holders(prefix, 'k'), `${what} left no lock on the live nodes`).toEqual([]);
+    }
+
+    await nodes.restart([2, 3, 4], [clients]);
+    const lease = await locker.acquire('k');
+    expect(await lease.release()).toBe(true);
+  });
+
+  it('fails within the node timeouts when 3 of 5 are paused, and hands back the grants they make after resuming', async () => {
+    const prefix = freshPrefix('majority-paused');
+    const settings = { nodeTimeout: 150, retryCount: 2, retryDelay: 50 };
+    const { locker } = redlock({ prefix, ...settings });
+    const other = redlock({ prefix });
+    await (await locker.acquire('warm-up')).release();
+    nodes.pause([0, 2, 4]);
+
+    const t = await timed(() => within(locker.acquire('k', { ttl: 30_000 }), 10_000, 'acquire'));
+    expectUnavailable(t.error);
+    // Each of the three rounds waits one node timeout for the paused nodes; nothing waits longer.
+    expect(t.ms).toBeGreaterThanOrEqual((settings.retryCount + 1) * settings.nodeTimeout - 5);
+    expect(t.ms).toBeLessThan((settings.retryCount + 1) * settings.nodeTimeout + settings.retryCount * 2 * settings.retryDelay + 1_500);
+    expect(await nodes.holders(prefix, 'k')).toEqual([]);
+
+    // Thawed, the paused nodes run the three queued acquires: each grant lands after its round gave up and is handed
+    // back, so the key is free on every node instead of held there for the 30 s ttl.
+    nodes.resume([0, 2, 4]);
+    await noLockLeft(prefix, 'k', 'the late grants to be handed back');
+    const lease = await other.locker.tryAcquire('k');
+    expect(lease).not.toBeNull();
+    expect(await nodes.holders(prefix, 'k')).toEqual([0, 1, 2, 3, 4]);
+    await lease!.release();
+  });
+
+  it('reports a lost majority through onError and lease.signal, never as an unhandled rejection', async () => {
+    const prefix = freshPrefix('majority-lost');
+    const events: LockErrorEvent[] = [];
+    const { locker, clients } = redlock({ prefix, onError: (e) => events.push(e) });
+    const outcome = await locker.using(
+      'job',
+      async (lease) => {
+        await nodes.kill([0, 1, 2], [clients]);
+        const reason = await abortReason(lease.signal, 5_000, 'the lease to be given up');
+        expect(reason).toBeInstanceOf(LockLostError);
+        expect(reason).toMatchObject({ code: 'LOCK_LOST', key: 'job' });
+        return 'stopped';
+      },
+      { ttl: 500 },
+    );
+    expect(outcome).toBe('stopped');
+    const ops = events.map((e) => e.operation);
+    // Extensions failed (no quorum) while the lease was still valid, then it expired, then the release inside using
+    // failed: all reported, in that order.
+    expect(ops[0]).toBe('extend');
+    expect(ops.filter((o) => o === 'lost')).toHaveLength(1);
+    expect(ops.indexOf('lost')).toBeGreaterThan(0);
+    expect(ops[ops.length - 1]).toBe('release');
+    for (const e of events) {
+      expect(e.key).toBe('job');
+      if (e.operation !== 'lost') expectUnavailable(e.error);
+    }
+  });
+});
+
+describe('Redlock reentrancy with faults', () => {
+  it('nests through another connection with a minority down, and hands back fresh grants where the lock was missing', async () => {
+    const prefix = freshPrefix('reentry');
+    const a = redlock({ prefix });
+    const b = redlock({ prefix });
+    const c = redlock({ prefix });
+    const outer = await a.locker.acquire('k', { owner: 'w1', ttl: 10_000 });
+    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+
+    // The lock is gone from two nodes (say, restarted empty): a nested acquire must not leave fresh locks there.
+    const name = lockNames(prefix, 'k').lock;
+    await Promise.all([3, 4].map((i) => nodes.admins[i]!.del(name)));
+    const nested = await b.locker.acquire('k', { owner: 'w1', ttl: 10_000 });
+    expect(nested.token).toBe(outer.token);
+    expect(nested.fence).toBe(outer.fence);
+    await until(async () => (await nodes.holders(prefix, 'k')).length === 3, 2_000, 'the stray fresh locks to be handed back');
+
+    // With two nodes killed on top, nesting still works on the remaining majority.
+    await nodes.kill([3, 4], [a.clients, b.clients, c.clients]);
+    const deeper = await c.locker.acquire('k', { owner: 'w1' });
+    expect(deeper.token).toBe(outer.token);
+    expect(await c.locker.tryAcquire('k', { owner: 'w2' })).toBeNull();
+    for (const l of [deeper, nested]) expect(await l.release()).toBe(true);
+    expect(await c.locker.tryAcquire('k', { owner: 'w2' })).toBeNull(); // outer still holds
+    expect(await outer.release()).toBe(true);
+    expect(await nodes.holders(prefix, 'k')).toEqual([]);
+    const free = await c.locker.tryAcquire('k', { owner: 'w2' });
+    expect(free).not.toBeNull();
+    await free!.release();
+  });
+});
