@@ -23,7 +23,14 @@ async function handle(job: Job): Promise<void> {
     case 'contended':
       return answer(await runContended(job));
     case 'load':
-      return answer(await runLoad(job));
+      return answer(
+        await runLoad(job, async () => {
+          // Tell the parent the warm-up is over and wait for its go (it snapshots CPU counters in between).
+          const go = new Promise<void>((resolve) => process.once('message', () => resolve()));
+          await send({ type: 'ready', data: null });
+          await go;
+        }),
+      );
     case 'redis-memory':
       return answer(await runRedisMemory(job));
     case 'heap':
@@ -31,6 +38,8 @@ async function handle(job: Job): Promise<void> {
     case 'http-server': {
       const server = await startServer(job);
       await send({ type: 'ready', data: { port: server.port } });
+      // Any later message asks for the CPU this process has used so far.
+      process.on('message', () => void send({ type: 'result', data: process.cpuUsage() }));
       // Stays up until the parent ends it (SIGTERM).
       process.once('SIGTERM', () => {
         void server.close().finally(() => process.exit(0));

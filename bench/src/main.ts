@@ -3,6 +3,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
 import { startRedisNodes, stopAll, type RedisNode } from '../../test/harness/redis.js';
 import { type CeilingCase, type CeilingResult, loadScripts, runCeiling } from './ceiling.js';
 import type { Framework, HttpServerJob, HttpVariant, Regime } from './http/apps.js';
@@ -11,7 +12,7 @@ import type { LockJob, ContendedResult, UncontendedResult } from './locks/run.js
 import type { LockLibId, LockSpec } from './locks/libs.js';
 import type { HeapRow, RedisMemoryRow } from './memory.js';
 import { forkChild, runChild } from './procs.js';
-import { type Config, type Results, type Row, machine, render } from './report.js';
+import { type Config, type HttpResult, type Results, type Row, machine, readmeSection, render } from './report.js';
 import { medianRecord } from './stats.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -19,10 +20,14 @@ const RESULTS = path.join(HERE, '..', 'results');
 
 const argv = process.argv.slice(2);
 const QUICK = argv.includes('--quick') || process.env.BENCH_QUICK === '1';
+/** `--readme`: after a full run, replace the "## Benchmarks" section at the end of the root README.md. */
+const README = argv.includes('--readme');
 const onlyArg = argv.find((a) => a.startsWith('--only='));
 const SECTIONS = ['ceiling', 'uncontended', 'contended', 'http', 'memory'] as const;
 type Section = (typeof SECTIONS)[number];
 const ONLY = new Set<Section>(onlyArg ? (onlyArg.slice('--only='.length).split(',') as Section[]) : SECTIONS);
+/** `--match=text`: only cases whose label contains `text` (for development; such runs never replace latest.md). */
+const MATCH = argv.find((a) => a.startsWith('--match='))?.slice('--match='.length);
 for (const s of ONLY) if (!SECTIONS.includes(s)) throw new RangeError(`--only: unknown section "${s}" (expected ${SECTIONS.join(', ')})`);
 
 const CONFIG: Config = QUICK
@@ -56,7 +61,13 @@ function log(message: string): void {
  * (other load, thermal) spreads over all cases instead of hitting one; returns every case's runs. A case that throws
  * records the error and the run goes on.
  */
-async function interleaved<C, R>(what: string, cases: readonly C[], label: (c: C) => string, run: (c: C, round: number) => Promise<R>): Promise<{ runs: R[]; errors: string[] }[]> {
+async function interleaved<C, R>(
+  what: string,
+  all: readonly C[],
+  label: (c: C) => string,
+  run: (c: C, round: number) => Promise<R>,
+): Promise<{ cases: C[]; results: { runs: R[]; errors: string[] }[] }> {
+  const cases = MATCH === undefined ? [...all] : all.filter((c) => label(c).includes(MATCH));
   const out = cases.map(() => ({ runs: [] as R[], errors: [] as string[] }));
   for (let round = 0; round < CONFIG.rounds; round++) {
     const order = cases.map((_, i) => i);
@@ -73,14 +84,25 @@ async function interleaved<C, R>(what: string, cases: readonly C[], label: (c: C
       }
     }
   }
-  return out;
+  return { cases, results: out };
 }
 
-function rowsOf<C, R extends object>(cases: readonly C[], results: { runs: R[]; errors: string[] }[]): Row<C, R>[] {
+function rowsOf<C, R extends object>({ cases, results }: { cases: C[]; results: { runs: R[]; errors: string[] }[] }): Row<C, R>[] {
   return cases.map((c, i) => {
     const { runs, errors } = results[i]!;
     return { case: c, runs, errors, median: runs.length ? medianRecord(runs) : null };
   });
+}
+
+/** CPU seconds a Redis server has used (INFO cpu: user + sys). */
+async function redisCpuSeconds(port: number): Promise<number> {
+  const redis = new Redis({ port, host: '127.0.0.1' });
+  try {
+    const info = await redis.info('cpu');
+    return Number(/used_cpu_user:([\d.]+)/.exec(info)?.[1]) + Number(/used_cpu_sys:([\d.]+)/.exec(info)?.[1]);
+  } finally {
+    redis.disconnect();
+  }
 }
 
 let runSeq = 0;
@@ -101,7 +123,7 @@ async function ceiling(node: RedisNode): Promise<Results['ceiling']> {
       return r;
     },
   );
-  return rowsOf(cases, results);
+  return rowsOf(results);
 }
 
 async function uncontended(nodes: RedisNode[]): Promise<Results['uncontended']> {
@@ -121,7 +143,7 @@ async function uncontended(nodes: RedisNode[]): Promise<Results['uncontended']> 
       return runChild<UncontendedResult>({ kind: 'uncontended', ...job }, 60_000);
     },
   );
-  return rowsOf(cases, results);
+  return rowsOf(results);
 }
 
 async function contended(nodes: RedisNode[]): Promise<Results['contended']> {
@@ -144,7 +166,7 @@ async function contended(nodes: RedisNode[]): Promise<Results['contended']> {
       return runChild<ContendedResult>({ kind: 'contended', ...job }, 60_000);
     },
   );
-  return rowsOf(cases, results);
+  return rowsOf(results);
 }
 
 interface HttpCase {
@@ -166,21 +188,40 @@ async function httpCases(node: RedisNode): Promise<Results['http']> {
     'http',
     cases,
     (c) => `${c.framework} ${c.variant} ${c.regime}`,
-    async (c): Promise<LoadResult> => {
+    async (c): Promise<HttpResult> => {
       await node.flush();
       const serverJob: HttpServerJob = { ...c, redisPort: node.port };
       const server = forkChild({ kind: 'http-server', ...serverJob });
       try {
         const { port } = (await server.next('ready', 30_000)) as { port: number };
         const { connections, warmupSec, seconds } = CONFIG.http;
-        const load: LoadJob = { url: `http://127.0.0.1:${port}/`, connections, warmupSec, seconds, keys: c.regime === 'flooded' ? 1 : 1_000 };
-        return await runChild<LoadResult>({ kind: 'load', ...load }, (warmupSec + seconds) * 1000 + 30_000);
+        const job: LoadJob = { url: `http://127.0.0.1:${port}/`, connections, warmupSec, seconds, keys: c.regime === 'flooded' ? 1 : 1_000 };
+        const load = forkChild({ kind: 'load', ...job });
+        try {
+          await load.next('ready', warmupSec * 1000 + 30_000);
+          const cpu = async () => {
+            server.send({ type: 'cpu' });
+            const u = (await server.next('result', 10_000)) as NodeJS.CpuUsage;
+            return { server: u.user + u.system, redis: await redisCpuSeconds(node.port) };
+          };
+          const before = await cpu();
+          load.send({ type: 'go' });
+          const result = (await load.next('result', seconds * 1000 + 30_000)) as LoadResult;
+          const after = await cpu();
+          return {
+            ...result,
+            serverCpuUs: (after.server - before.server) / result.requests,
+            redisCpuUs: ((after.redis - before.redis) * 1e6) / result.requests,
+          };
+        } finally {
+          await load.stop();
+        }
       } finally {
         await server.stop();
       }
     },
   );
-  return rowsOf(cases, results);
+  return rowsOf(results);
 }
 
 async function memory(node: RedisNode): Promise<Results['memory']> {
@@ -217,10 +258,22 @@ async function main(): Promise<void> {
   process.stdout.write(`${markdown}\n`);
   fs.mkdirSync(RESULTS, { recursive: true });
   // Only a full run replaces the committed report; smoke and partial runs keep their markdown inside their JSON.
-  const full = !QUICK && ONLY.size === SECTIONS.length;
+  const full = !QUICK && ONLY.size === SECTIONS.length && MATCH === undefined;
   const base = full ? 'latest' : QUICK ? 'quick' : 'partial';
   fs.writeFileSync(path.join(RESULTS, `${base}.json`), `${JSON.stringify({ ...results, markdown }, null, 2)}\n`);
   if (full) fs.writeFileSync(path.join(RESULTS, 'latest.md'), markdown);
+  if (README) {
+    if (!full) throw new Error('--readme needs a full run (no --quick, --only or --match)');
+    const file = path.join(HERE, '..', '..', 'README.md');
+    const text = fs.readFileSync(file, 'utf8');
+    const at = text.search(/^## Benchmarks$/m);
+    let next = at < 0 ? -1 : text.slice(at + 1).search(/^## /m);
+    if (next >= 0) next += at + 1;
+    const updated =
+      at < 0 ? `${text.trimEnd()}\n\n${readmeSection(results)}` : `${text.slice(0, at)}${readmeSection(results)}${next < 0 ? '' : `\n${text.slice(next)}`}`;
+    fs.writeFileSync(file, updated);
+    log('replaced the "## Benchmarks" section of README.md');
+  }
   log(`done in ${results.meta.seconds} s; wrote bench/results/${base}.json${full ? ' and latest.md' : ''}`);
 }
 

@@ -49,13 +49,19 @@ export interface HttpCaseSpec {
   regime: Regime;
 }
 
+/** One HTTP run: the load generator's figures plus CPU per request of the app server and of Redis. */
+export interface HttpResult extends LoadResult {
+  serverCpuUs: number;
+  redisCpuUs: number;
+}
+
 export interface Results {
   meta: Meta;
   config: Config;
   ceiling: Row<CeilingCase, CeilingResult>[];
   uncontended: Row<LockSpec, UncontendedResult>[];
   contended: Row<LockSpec, ContendedResult>[];
-  http: Row<HttpCaseSpec, LoadResult>[];
+  http: Row<HttpCaseSpec, HttpResult>[];
   memory: { redis: RedisMemoryRow[]; heap: HeapRow[] } | null;
 }
 
@@ -130,7 +136,7 @@ function bestPeer(rows: Row<LockSpec, UncontendedResult>[], nodes: number): Row<
     .sort((a, b) => b.median!.cyclesPerSec - a.median!.cyclesPerSec)[0];
 }
 
-function httpRow(rows: Results['http'], framework: Framework, variant: HttpVariant, regime: Regime): LoadResult | undefined {
+function httpRow(rows: Results['http'], framework: Framework, variant: HttpVariant, regime: Regime): HttpResult | undefined {
   return rows.find((r) => r.case.framework === framework && r.case.variant === variant && (variant === 'bare' || r.case.regime === regime))?.median ?? undefined;
 }
 
@@ -326,7 +332,9 @@ function httpSection(res: Results): string {
     `## HTTP (autocannon, ${h.connections} keep-alive connections, ${h.seconds} s after ${h.warmupSec} s warm-up; server in its own process)`,
     '',
     '`allowed`: 1,000 keys, nothing limited. `flooded`: one key, 100 requests/min allowed, nearly everything answered 429. ' +
-      'Baseline: the same framework with no limiter (`bare`). withLock takes a fresh key per request (never waits).',
+      'Baseline: the same framework with no limiter (`bare`). withLock takes a fresh key per request (never waits). ' +
+      'CPU per request: the app server process and the Redis server over the measured window; on a shared 2-core machine ' +
+      'the server CPU cost is the steadier measure of middleware overhead, req/s the one the targets use.',
   ];
   for (const framework of ['express', 'koa'] as const) {
     const rows = res.http.filter((r) => r.case.framework === framework);
@@ -337,11 +345,24 @@ function httpSection(res: Results): string {
       `### ${FRAMEWORK_NAME[framework]}`,
       '',
       table(
-        ['middleware', 'regime', 'req/s', '× bare', 'p50 ms', 'p99 ms', '429', 'other non-2xx', 'errors'],
+        ['middleware', 'regime', 'req/s', '× bare', 'p50 ms', 'p99 ms', '429', 'other non-2xx', 'errors', 'server CPU µs/req', '× bare', 'Redis CPU µs/req'],
         rows.map((r) => {
           const m = r.median;
           const name = (r.case.variant.startsWith('hasp') ? `**${VARIANT_NAME[r.case.variant]}**` : VARIANT_NAME[r.case.variant]) + failed(r);
-          return [name, r.case.variant === 'bare' ? '—' : r.case.regime, int(m?.reqPerSec), ratio(m && bare ? m.reqPerSec / bare.reqPerSec : NaN), ms(m?.p50), ms(m?.p99), m ? pct(m.limitedShare) : 'n/a', m ? pct(m.otherShare) : 'n/a', int(m?.errors)];
+          return [
+            name,
+            r.case.variant === 'bare' ? '—' : r.case.regime,
+            int(m?.reqPerSec),
+            ratio(m && bare ? m.reqPerSec / bare.reqPerSec : NaN),
+            ms(m?.p50),
+            ms(m?.p99),
+            m ? pct(m.limitedShare) : 'n/a',
+            m ? pct(m.otherShare) : 'n/a',
+            int(m?.errors),
+            ms(m?.serverCpuUs),
+            ratio(m && bare ? m.serverCpuUs / bare.serverCpuUs : NaN),
+            ms(m?.redisCpuUs),
+          ];
         }),
       ),
     );
@@ -389,6 +410,65 @@ function memorySection(res: Results): string {
   ].join('\n');
 }
 
+/** The few ratios that sum the run up (also what the root README shows). */
+export function headline(res: Results): string {
+  const rows: string[][] = [];
+  for (const [nodes, lib] of [
+    [1, 'hasp'],
+    [5, 'hasp-redlock'],
+  ] as const) {
+    const hasp = res.uncontended.find((r) => r.case.lib === lib && r.case.nodes === nodes)?.median;
+    const peer = bestPeer(res.uncontended, nodes);
+    if (!hasp || !peer) continue;
+    rows.push([
+      `Lock acquire + release cycles/s, uncontended, ${nodes} node${nodes > 1 ? 's' : ''}`,
+      'best peer',
+      `${int(hasp.cyclesPerSec)} (${ratio(hasp.cyclesPerSec / peer.median!.cyclesPerSec)})`,
+      `${int(peer.median!.cyclesPerSec)} (1.00×, ${lockLabel(peer.case)})`,
+    ]);
+  }
+  const local = res.contended.find((r) => r.case.lib === 'local')?.median;
+  const hc = res.contended.find((r) => r.case.lib === 'hasp')?.median;
+  const peers = res.contended.filter((r) => !isHasp(r.case.lib) && r.case.lib !== 'local' && r.median);
+  const bestCs = [...peers].sort((a, b) => b.median!.sectionsPerSec - a.median!.sectionsPerSec)[0];
+  if (local && hc && bestCs) {
+    rows.push([
+      'Contended critical sections/s (8 workers, 1 ms hold)',
+      'in-process mutex',
+      `${int(hc.sectionsPerSec)} (${ratio(hc.sectionsPerSec / local.sectionsPerSec)})`,
+      `${int(bestCs.median!.sectionsPerSec)} (${ratio(bestCs.median!.sectionsPerSec / local.sectionsPerSec)}, ${lockLabel(bestCs.case)})`,
+    ]);
+    const bestP99 = [...peers].sort((a, b) => a.median!.waitP99 - b.median!.waitP99)[0]!;
+    rows.push(['Contended wait p99 ms (lower is better)', '—', ms(hc.waitP99), `${ms(bestP99.median!.waitP99)} (${lockLabel(bestP99.case)})`]);
+  }
+  for (const framework of ['express', 'koa'] as const) {
+    const bare = httpRow(res.http, framework, 'bare', 'allowed');
+    if (!bare) continue;
+    for (const regime of ['allowed', 'flooded'] as const) {
+      const hasp = httpRow(res.http, framework, 'hasp', regime);
+      const peer = res.http
+        .filter((r) => r.case.framework === framework && r.case.regime === regime && !['bare', 'hasp', 'hasp-lock'].includes(r.case.variant) && r.median)
+        .sort((a, b) => b.median!.reqPerSec - a.median!.reqPerSec)[0];
+      if (!hasp || !peer) continue;
+      rows.push([
+        `${FRAMEWORK_NAME[framework]} req/s, rate limit on Redis, ${regime}`,
+        'no limiter',
+        `${int(hasp.reqPerSec)} (${ratio(hasp.reqPerSec / bare.reqPerSec)})`,
+        `${int(peer.median!.reqPerSec)} (${ratio(peer.median!.reqPerSec / bare.reqPerSec)}, ${VARIANT_NAME[peer.case.variant]})`,
+      ]);
+    }
+    const lock = httpRow(res.http, framework, 'hasp-lock', 'allowed');
+    if (lock) rows.push([`${FRAMEWORK_NAME[framework]} req/s, withLock on Redis, distinct keys`, 'no limiter', `${int(lock.reqPerSec)} (${ratio(lock.reqPerSec / bare.reqPerSec)})`, '—']);
+  }
+  if (res.memory) {
+    const hasp = res.memory.redis.find((r) => r.kind === 'bucket' && r.what.startsWith('hasp'));
+    const peer = res.memory.redis.filter((r) => r.kind === 'bucket' && !r.what.startsWith('hasp')).sort((a, b) => a.bytesAfter1 - b.bytesAfter1)[0];
+    if (hasp && peer) rows.push(['Redis bytes per rate-limit key (lower is better)', '—', int(hasp.bytesAfter1), `${int(peer.bytesAfter1)} (${peer.what})`]);
+  }
+  if (!rows.length) return '';
+  return table(['measure', 'baseline (same run)', 'hasp (× baseline)', 'best peer (× baseline)'], rows);
+}
+
 function targetSection(list: Target[]): string {
   const mark = (p: boolean | null) => (p === null ? 'not run' : p ? '**PASS**' : '**FAIL**');
   return ['## Targets (issue 6)', '', table(['target', 'measured', 'result'], list.map((t) => [t.name, t.measured, mark(t.pass)]))].join('\n');
@@ -397,6 +477,8 @@ function targetSection(list: Target[]): string {
 /** The whole report. */
 export function render(res: Results): string {
   const parts = [metaSection(res)];
+  const h = headline(res);
+  if (h) parts.push(`## Headline\n\n${h}`);
   const t = targets(res);
   if (t.length) parts.push(targetSection(t));
   if (res.ceiling.length) parts.push(ceilingSection(res.ceiling));
@@ -405,4 +487,30 @@ export function render(res: Results): string {
   if (res.http.length) parts.push(httpSection(res));
   if (res.memory) parts.push(memorySection(res));
   return `${parts.join('\n\n')}\n`;
+}
+
+/**
+ * The root README's "## Benchmarks" section: when and where, how to reproduce, the headline ratios and the targets.
+ * It is the last section of the README, so replacing it never touches the sections above.
+ */
+export function readmeSection(res: Results): string {
+  const m = res.meta;
+  const t = targets(res);
+  const failing = t.filter((x) => x.pass === false).length;
+  return [
+    '## Benchmarks',
+    '',
+    `Measured ${m.date.slice(0, 16).replace('T', ' ')} UTC on ${m.cpu}, ${m.cores} cores, ${m.memoryGb} GB RAM (${m.os}), ` +
+      `Node ${m.node}, Redis ${m.redis}, hasp at ${m.commit}, with \`${m.command}\` (${m.seconds ?? '?'} s; load average ` +
+      `before ${m.loadBefore[0]}). Every case ran ${res.config.rounds}× interleaved; figures are medians, and every ratio ` +
+      'compares with a baseline measured in the same run. The machine was shared with other work, so treat small ' +
+      'differences as noise.',
+    '',
+    headline(res),
+    '',
+    `Targets: ${t.length - failing} of ${t.length} pass. All tables, CPU per operation and the targets: ` +
+      '[bench/results/latest.md](bench/results/latest.md). Reproduce with `pnpm bench` (about 8 minutes; ' +
+      '`pnpm bench --quick` for a one-minute smoke run).',
+    '',
+  ].join('\n');
 }

@@ -20,6 +20,8 @@ export interface LoadResult {
   /** Share of responses that were neither 2xx nor 429 (should be 0). */
   otherShare: number;
   errors: number;
+  /** Requests the measured run completed (all status codes). */
+  requests: number;
 }
 
 function run(job: LoadJob, seconds: number): Promise<autocannon.Result> {
@@ -34,8 +36,12 @@ function run(job: LoadJob, seconds: number): Promise<autocannon.Result> {
   });
 }
 
-export async function runLoad(job: LoadJob): Promise<LoadResult> {
+/**
+ * Warm-up, then `between()` (the parent snapshots the server's and Redis's CPU there), then the measured run.
+ */
+export async function runLoad(job: LoadJob, between: () => Promise<void> = async () => undefined): Promise<LoadResult> {
   if (job.warmupSec > 0) await run(job, job.warmupSec);
+  await between();
   const r = await run(job, job.seconds);
   const codes = (r as unknown as { statusCodeStats: Record<string, { count: number }> }).statusCodeStats ?? {};
   let total = 0;
@@ -53,5 +59,6 @@ export async function runLoad(job: LoadJob): Promise<LoadResult> {
     limitedShare: total ? limited / total : 0,
     otherShare: total ? (total - ok - limited) / total : 0,
     errors: r.errors + r.timeouts,
+    requests: total,
   };
 }
