@@ -13,14 +13,17 @@ import { FRAMEWORKS, framework, get, type Framework, type Response, type Running
 const BOUND_MS = 3_000;
 
 let node: RedisNode;
-/** The app's client, on ioredis's default options (offline queue on, 20 retries per request). */
+/** An app client on ioredis's default options (offline queue on, 20 retries per request). */
 let redis: Redis;
+/** An app client that would retry forever (`maxRetriesPerRequest: null`, as BullMQ wants it). */
+let patient: Redis;
 const unhandled = trackUnhandled();
 
 beforeAll(async () => {
   node = await startRedis();
   redis = node.client();
-  await ready(redis);
+  patient = node.client({ maxRetriesPerRequest: null });
+  await Promise.all([ready(redis), ready(patient)]);
 });
 
 afterAll(async () => {
@@ -46,15 +49,15 @@ describe.each(FRAMEWORKS)('Redis failures on %s', (name) => {
     } catch {
       // not running: restarted below
     }
-    if (redis.status !== 'ready') {
+    if (redis.status !== 'ready' || patient.status !== 'ready') {
       await node.restart();
-      await ready(redis);
+      await Promise.all([ready(redis), ready(patient)]);
     }
     await app?.close();
     app = undefined;
   });
 
-  async function startApp(): Promise<RunningApp> {
+  async function startApp(redis: Redis): Promise<RunningApp> {
     runs = 0;
     const limit = (policy: string, onStoreError?: string) =>
       fw.rateLimit({ capacity: 2, rate: '1/h', redis, policy: `${tag}-${policy}`, key: 'k', onStoreError });
@@ -82,13 +85,21 @@ describe.each(FRAMEWORKS)('Redis failures on %s', (name) => {
     return r;
   }
 
-  it('applies each onStoreError policy and withLock answers 503 while Redis is dead, then recovers', async () => {
-    await startApp();
+  it.each([
+    ['default options', () => redis],
+    ['maxRetriesPerRequest: null', () => patient],
+  ])('applies each onStoreError policy and withLock answers 503 while Redis is dead, then recovers (%s)', async (_how, client) => {
+    const redis = client();
+    await startApp(redis);
     for (const path of ['/memory', '/open', '/closed', '/lock']) expect((await bounded(path)).status, path).toBe(200);
     expect(runs).toBe(1);
 
+    // Requests already on their way when Redis dies are answered within the bound too.
+    const inflight = Promise.all(['/open', '/closed', '/lock'].map((path) => bounded(path)));
     await node.kill();
     await notReady(redis);
+    for (const r of await inflight) expect([200, 429, 503]).toContain(r.status);
+    const before = runs;
 
     // 'memory': a per-process bucket of the same size stands in (full: it has not seen the request Redis took).
     const memory = [await bounded('/memory'), await bounded('/memory'), await bounded('/memory')];
@@ -107,26 +118,28 @@ describe.each(FRAMEWORKS)('Redis failures on %s', (name) => {
     const lock = await bounded('/lock');
     expect(lock.status).toBe(503);
     expect(lock.body.code).toBe('LOCK_UNAVAILABLE');
-    expect(runs).toBe(1);
+    expect(runs).toBe(before);
 
     await node.restart();
-    await ready(redis);
+    await Promise.all([ready(redis), ready(patient)]);
 
     // Back on Redis without restarting the app: the fresh server's buckets are full, and they are Redis's again.
     const back = await bounded('/closed');
     expect(back.status).toBe(200);
-    expect(back.headers.ratelimit).toMatch(/;r=1;t=\d+$/);
+    // (r=0 when the request cut off by the kill was resent to the new server by ioredis and took its token there.)
+    expect(back.headers.ratelimit).toMatch(/;r=[01];t=\d+$/);
     expect((await bounded('/memory')).status).toBe(200);
     const memoryKeys = await redis.keys(`hasp:tb:${tag}-memory-*`);
     expect(memoryKeys).toHaveLength(1);
     const prefix = memoryKeys[0]!.slice(0, memoryKeys[0]!.indexOf('{'));
     expect((await new TokenBucket({ capacity: 2, rate: '1/h', redis, prefix }).peek('k')).remaining).toBe(0);
-    expect((await bounded('/lock')).status).toBe(200);
-    expect(runs).toBe(2);
+    // An acquire cut off by the kill may be resent to the new server and hold the lock until its late answer is undone.
+    await until(async () => (await bounded('/lock')).status === 200, 5_000, 'withLock to lock again', 50);
+    expect(runs).toBe(before + 1);
   });
 
   it('answers within the bound while Redis is frozen, stops asking it, and recovers once it answers', async () => {
-    await startApp();
+    await startApp(redis);
     for (const path of ['/memory', '/closed', '/lock']) expect((await bounded(path)).status, path).toBe(200);
     node.pause();
     // The connection stays up: only the 2 s timeout can notice. All at once, so the file stays fast.

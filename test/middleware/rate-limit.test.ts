@@ -10,7 +10,7 @@ import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { within } from '../core/helpers.js';
-import { FRAMEWORKS, framework, get, type Framework, type Response, type RunningApp } from './apps.js';
+import { deferred, FRAMEWORKS, framework, get, type Framework, type Response, type RunningApp } from './apps.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
@@ -160,6 +160,35 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
     expect(Number(denied!.headers['retry-after'])).toBeGreaterThan(0);
     expect(denied!.headers['ratelimit-policy']).toBe(`"${policy}";q=2;w=7200`);
     expect(denied!.headers.ratelimit).toMatch(new RegExp(`^"${policy}";r=0;t=\\d+$`));
+  });
+
+  it('keeps the fields on a 423 from a withLock behind the limiter', async () => {
+    const policy = freshPolicy('lock');
+    for (const errors of ['json', 'default'] as const) {
+      const started = deferred();
+      const finish = deferred();
+      const app = await start({
+        errors,
+        routes: {
+          '/buy': {
+            use: [fw.rateLimit({ capacity: 10, rate: '1/h', redis, policy: `${policy}-${errors}`, key: 'k' }), fw.withLock(() => `${policy}-${errors}`)],
+            handle: async () => {
+              started.resolve();
+              await finish.promise;
+              return undefined;
+            },
+          },
+        },
+      });
+      const first = get(`${app.url}/buy`);
+      await within(started.promise, 5_000, 'the first handler');
+      const busy = await get(`${app.url}/buy`);
+      expect(busy.status).toBe(423);
+      expect(busy.headers['ratelimit-policy']).toBe(`"${policy}-${errors}";q=10;w=36000`);
+      expect(busy.headers.ratelimit).toMatch(/;r=8;t=\d+$/);
+      finish.resolve();
+      expect((await first).headers.ratelimit).toMatch(/;r=9;t=\d+$/);
+    }
   });
 
   it('answers denied requests with the handler option; headers: false drops the fields but not Retry-After', async () => {
