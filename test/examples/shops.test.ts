@@ -1,10 +1,12 @@
 // Smoke tests of examples/express-shop and examples/koa-shop: each runs as a child process on a free port, in memory,
 // on one private Redis, and on three Redlock nodes; the routes answer 200 -> 429 and 200 + 423 as the README says.
 import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { until } from '../core/helpers.js';
 import { startRedis, startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
-import { startShop, type ShopProcess } from './shop-process.js';
+import { ROOT, startShop, type ShopProcess } from './shop-process.js';
 
 const SHOPS = ['express-shop', 'koa-shop'] as const;
 // Long enough that five requests sent together all arrive while the first one is still paying, even on a loaded CI.
@@ -132,6 +134,20 @@ async function stopShops(shops: ShopProcess[]): Promise<void> {
 }
 
 afterAll(stopAll);
+
+describe('pnpm start', () => {
+  it('runs express-shop, which builds the packages it imports before starting (a fresh clone has no dist/)', () => {
+    const read = (file: string) => JSON.parse(fs.readFileSync(path.join(ROOT, file), 'utf8')) as { name: string; scripts: Record<string, string> };
+    const root = read('package.json');
+    const shop = read('examples/express-shop/package.json');
+    expect(root.scripts.start).toBe(`pnpm --filter ${shop.name} start`);
+    expect(shop.scripts.prestart).toBe(`pnpm --filter "${shop.name}^..." run build`);
+    expect(shop.scripts.start).toBe('tsx src/main.ts'); // what startShop() runs, minus the build
+    const koa = read('examples/koa-shop/package.json');
+    expect(koa.scripts.prestart).toBe(`pnpm --filter "${koa.name}^..." run build`);
+    expect(koa.scripts.start).toBe('tsx src/main.ts');
+  });
+});
 
 describe('examples in memory (no Redis)', () => {
   it.each(SHOPS)('%s: limits, locks and a clean exit', async (name) => {
