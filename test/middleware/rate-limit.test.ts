@@ -162,6 +162,29 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
     expect(denied!.headers.ratelimit).toMatch(new RegExp(`^"${policy}";r=0;t=\\d+$`));
   });
 
+  it('lists one member per policy when two limiters guard a route, also on a denial by the second', async () => {
+    const minute = freshPolicy('minute');
+    const day = freshPolicy('day');
+    const app = await start({
+      routes: {
+        '/x': {
+          use: [
+            fw.rateLimit({ capacity: 5, rate: '5/min', redis, policy: minute, key: 'k' }),
+            fw.rateLimit({ capacity: 2, rate: '2/d', redis, policy: day, key: 'k' }),
+          ],
+        },
+      },
+    });
+    const [ok, , denied] = await series(`${app.url}/x`, 3);
+    expect(ok!.status).toBe(200);
+    expect(ok!.headers['ratelimit-policy']).toBe(`"${minute}";q=5;w=60, "${day}";q=2;w=86400`);
+    expect(ok!.headers.ratelimit).toMatch(new RegExp(`^"${minute}";r=4;t=\\d+, "${day}";r=1;t=\\d+$`));
+    expect(denied!.status).toBe(429);
+    expect(denied!.headers['ratelimit-policy']).toBe(`"${minute}";q=5;w=60, "${day}";q=2;w=86400`);
+    expect(denied!.headers.ratelimit).toMatch(new RegExp(`^"${minute}";r=2;t=\\d+, "${day}";r=0;t=\\d+$`));
+    expect(Number(denied!.headers['retry-after'])).toBeGreaterThan(3_600);
+  });
+
   it('keeps the fields on a 423 from a withLock behind the limiter', async () => {
     const policy = freshPolicy('lock');
     for (const errors of ['json', 'default'] as const) {

@@ -6,8 +6,10 @@ import type { ContextKey, WithLockOptions } from './types.js';
 /**
  * Runs the rest of the chain (`await next()`) holding the lock on `key(ctx)`; busy: throws a 423 (`code: 'LOCK_BUSY'`,
  * Retry-After when known); locker unavailable: a 503 (`LOCK_UNAVAILABLE`), and the handler does not run. The lease is
- * at `ctx.state.lock`, auto-extended while `next()` runs and released once in `finally`, also when it throws. A client
- * that disconnects does not free the lock while the handler still runs.
+ * at `ctx.state.lock`, auto-extended while `next()` runs and released once in `finally`, also when it throws, before
+ * Koa sends the response (a streamed `ctx.body` is read after the release). A client that disconnects does not free
+ * the lock while the handler still runs. If `ctx.state.lock.signal` aborts (the lock was lost), stop changing the
+ * protected resource.
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts

@@ -4,7 +4,13 @@
 // Mapping of a token bucket (capacity C, rate R tokens/s) onto the draft's fields:
 //   RateLimit-Policy: "<policy>";q=<C>;w=<ceil(C / R)>      (w: the time an empty bucket takes to refill)
 //   RateLimit:        "<policy>";r=<remaining>;t=<seconds until the next whole token, rounded up; 0 when full>
-// The draft has no burst parameter, so q/w advertise the conservative "C per C/R seconds"; r/t are exact.
+//   Retry-After:      <seconds until the request's cost is available, rounded up, >= t, >= 1>   (denials only)
+// e.g. capacity 10, rate 2/s, 3 tokens left, policy "sms": `RateLimit-Policy: "sms";q=10;w=5`, `RateLimit: "sms";r=3;t=1`.
+// The draft has no burst parameter, so q/w advertise the conservative "C per C/R seconds"; r/t are exact (r: whole
+// tokens left after this request; t: a client waiting t seconds finds at least r + 1). Both fields are Structured Field
+// Lists: a route behind two limiters gets one member per policy, in middleware order. They are sent on every response
+// of a limited route (allowed, denied, and errors thrown further down the chain), not for requests whose key is
+// undefined or that passed unlimited under onStoreError 'open'. The policy name is an sf-string: printable ASCII only.
 import type { Decision } from '../types.js';
 import { describe } from '../util/validate.js';
 
