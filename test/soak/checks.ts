@@ -130,7 +130,9 @@ export class BucketChecker {
 export class OpTracker {
   readonly counts = new Map<string, number>();
   hangs = 0;
+  /** Longest settled operation, ms, over all kinds and per kind. */
   slowest = 0;
+  readonly slowestByKind = new Map<string, number>();
   untypedCount = 0;
   /** The first few errors that were not an allowed typed error. */
   readonly untyped: unknown[] = [];
@@ -172,7 +174,10 @@ export class OpTracker {
       clearTimeout(watchdog);
       this.pending.delete(id);
       const ms = performance.now() - started;
-      if (!hung) this.slowest = Math.max(this.slowest, ms);
+      if (!hung) {
+        this.slowest = Math.max(this.slowest, ms);
+        this.slowestByKind.set(kind, Math.max(this.slowestByKind.get(kind) ?? 0, ms));
+      }
     }
   }
 

@@ -390,7 +390,9 @@ async function main(): Promise<number> {
   console.log(`  ${'HTTP statuses'.padEnd(36)} ${[...httpStatuses].sort().map(([s, n]) => `${s}: ${n}`).join(', ')}`);
   console.log(`  ${'critical sections'.padEnd(36)} ${locks.sections} (overran their lease: ${locks.overruns})`);
   console.log(`  ${'bucket decisions'.padEnd(36)} ${buckets.admitted} admitted, ${buckets.denied} denied`);
-  console.log(`  ${'slowest operation'.padEnd(36)} ${Math.round(ops.slowest)} ms (bound ${LOCK_BOUND} ms locks, ${BUCKET_BOUND} ms buckets)`);
+  const slowest = [...ops.slowestByKind].sort().map(([k, ms]) => `${k} ${Math.round(ms)}`).join(', ');
+  console.log(`  ${'slowest, ms'.padEnd(36)} ${slowest}`);
+  console.log(`  ${'bounds, ms'.padEnd(36)} locks ${LOCK_BOUND}, buckets ${BUCKET_BOUND}, HTTP ${HTTP_BOUND}`);
   console.log(`  ${'background (onError) events'.padEnd(36)} ${[...backgroundErrors].map(([k, n]) => `${k}: ${n}`).join(', ') || 'none'}`);
   console.log('\nfaults:');
   for (const [name, n] of faults) console.log(`  ${name.padEnd(52)} ${n}`);
