@@ -1,6 +1,6 @@
 // `pnpm run docs` builds the API reference, and every public export carries TSDoc: TypeDoc's validation (undocumented
-// exports, broken {@link}s) runs over the three packages' entry points with its warnings treated as errors. (The root
-// README, the docs' front page, is left out: its links are the lead's and the snippet test's business.)
+// exports, broken {@link}s) runs over the three packages (typedoc.json, and each package's typedoc.json naming its entry
+// points) with its warnings treated as errors. The root README, the docs' front page, is left out: its links are not API.
 import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { promisify } from 'node:util';
