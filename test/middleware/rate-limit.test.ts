@@ -9,7 +9,8 @@ import { TokenBucket } from '@hasp/core';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
-import { within } from '../core/helpers.js';
+import { until, within } from '../core/helpers.js';
+import { trackUnhandled } from '../redlock/support.js';
 import { deferred, FRAMEWORKS, framework, get, type Framework, type Response, type RunningApp } from './apps.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -267,6 +268,35 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       (await get(`${app.url}/b?user=u`)).status,
     ];
     expect(statuses).toEqual([200, 200, 200, 429]);
+  });
+
+  it('hands an error to the app, not to unhandledRejection, when an earlier middleware already sent the response', async () => {
+    const early =
+      fw.kind === 'express'
+        ? (_req: unknown, res: { end(body: string): void }, next: () => void) => {
+            res.end('early');
+            next();
+          }
+        : (ctx: { res: { end(body: string): void } }, next: () => Promise<void>) => {
+            ctx.res.end('early');
+            return next();
+          };
+    const unhandled = trackUnhandled();
+    try {
+      const app = await start({
+        errors: 'default',
+        routes: { '/x': { use: [early, fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: freshPolicy('early'), key: 'k' })] } },
+      });
+      const r = await get(`${app.url}/x`);
+      // (Koa starts every response as a 404 until a body is set.)
+      expect(r.status).toBe(fw.kind === 'express' ? 200 : 404);
+      expect(r.body).toBe('early');
+      await until(() => app.errors.length > 0, 2_000, 'the error to reach the app');
+      expect(app.errors[0]!.message).toMatch(/headers/i);
+      expect(unhandled.reasons).toEqual([]);
+    } finally {
+      unhandled.stop();
+    }
   });
 
   it('grants exactly capacity requests out of many concurrent ones', async () => {

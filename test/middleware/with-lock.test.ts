@@ -4,7 +4,7 @@
 import { setTimeout as delay } from 'node:timers/promises';
 import v8 from 'node:v8';
 import vm from 'node:vm';
-import { MemoryLock } from '@hasp/core';
+import { MemoryLock, type Lease } from '@hasp/core';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
@@ -199,6 +199,7 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     const finish = deferred();
     const finished = deferred();
     let first = true;
+    let firstLease: Lease | undefined;
     const app = await start({
       routes: {
         '/buy': {
@@ -207,6 +208,7 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
             const id = c.query.order!;
             if (first) {
               first = false;
+              firstLease = c.lock;
               started.resolve();
               void c.closed().then(() => gone.resolve());
               await finish.promise;
@@ -237,6 +239,9 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     expect(after.status).toBe(200);
     expect(after.body).toEqual({ already: true });
     expect(purchases.get(order)).toBe(1);
+    // Released, so auto-extension has stopped: the lease's signal says it was released, not lost.
+    expect(firstLease!.signal.aborted).toBe(true);
+    expect((firstLease!.signal.reason as Error).name).toBe('AbortError');
   });
 
   it('frees the lock of a handler that gives up on a disconnected client without answering', async () => {

@@ -26,6 +26,12 @@ export function rateLimit(options: RateLimitOptions): RequestHandler {
     let d: Decision | undefined;
     try {
       d = await limiter.check(req);
+      if (d !== undefined) {
+        req.rateLimit = d;
+        // Throws when an earlier middleware already sent the headers: that must reach next(err), not become an
+        // unhandled rejection of this detached async function.
+        if (headers || !d.allowed) limiter.setHeaders(res, d);
+      }
     } catch (error) {
       next(error);
       return;
@@ -34,8 +40,6 @@ export function rateLimit(options: RateLimitOptions): RequestHandler {
       next();
       return;
     }
-    req.rateLimit = d;
-    if (headers || !d.allowed) limiter.setHeaders(res, d);
     if (d.allowed) {
       next();
       return;
