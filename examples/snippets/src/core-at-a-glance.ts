@@ -4,7 +4,7 @@ import { Redis } from 'ioredis';
 import { MemoryLock, RedisLock, Redlock, TokenBucket } from '@hasp/core';
 
 const redis = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379');
-const masters = (process.env.REDIS_NODES ?? 'redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379')
+const masters = (process.env.REDIS_NODES ?? 'redis://127.0.0.1:6380,redis://127.0.0.1:6381,redis://127.0.0.1:6382')
   .split(',')
   .map((url) => new Redis(url));
 
