@@ -34,18 +34,18 @@ const CONFIG: Config = QUICK
   ? {
       quick: true,
       rounds: 1,
-      ceiling: { requests: 30_000, pipelinedRequests: 100_000 },
-      locks: { workers: 50, warmupMs: 200, measureMs: 700 },
-      contended: { workers: 8, holdMs: 1, warmupMs: 200, measureMs: 1_000 },
-      http: { connections: 64, warmupSec: 1, seconds: 2 },
+      ceiling: { requests: 20_000, pipelinedRequests: 60_000 },
+      locks: { workers: 50, warmupMs: 150, measureMs: 500 },
+      contended: { workers: 8, holdMs: 1, warmupMs: 150, measureMs: 700 },
+      http: { connections: 64, warmupSec: 0.5, seconds: 1 },
       heap: { requests: 200_000, keys: 40_000 },
     }
   : {
       quick: false,
       rounds: 2,
-      ceiling: { requests: 150_000, pipelinedRequests: 600_000 },
+      ceiling: { requests: 100_000, pipelinedRequests: 400_000 },
       locks: { workers: 50, warmupMs: 500, measureMs: 2_000 },
-      contended: { workers: 8, holdMs: 1, warmupMs: 500, measureMs: 2_500 },
+      contended: { workers: 8, holdMs: 1, warmupMs: 500, measureMs: 2_000 },
       http: { connections: 64, warmupSec: 1, seconds: 3 },
       heap: { requests: 1_000_000, keys: 200_000 },
     };
