@@ -76,6 +76,52 @@ export async function subscribers(client: Cluster, channel: string): Promise<num
   return counts.reduce((a, b) => a + b, 0);
 }
 
+/**
+ * Runs `fn` on a short-lived connection to one node (no retries, no offline queue); resolves `fallback` when the node
+ * does not answer, so a dead node reads as "nothing there".
+ */
+export async function onNode<T>(port: number, fallback: T, fn: (node: Redis) => Promise<T>): Promise<T> {
+  const node = new Redis({
+    host: '127.0.0.1',
+    port,
+    lazyConnect: true,
+    retryStrategy: () => null,
+    maxRetriesPerRequest: 0,
+    enableOfflineQueue: false,
+  });
+  node.on('error', () => undefined);
+  try {
+    await node.connect();
+    return await fn(node);
+  } catch {
+    return fallback;
+  } finally {
+    node.disconnect();
+  }
+}
+
+/** The ports among `ports` whose node has a subscriber on `channel`. */
+export async function subscriberPorts(ports: readonly number[], channel: string): Promise<number[]> {
+  const counts = await Promise.all(
+    ports.map((port) => onNode(port, 0, async (node) => Number(((await node.pubsub('NUMSUB', channel)) as [string, number])[1]))),
+  );
+  return ports.filter((_, i) => counts[i]! > 0);
+}
+
+/** cluster_state (ok, fail) as the node on `port` sees it, or 'down' when it does not answer. */
+export function clusterState(port: number): Promise<string> {
+  return onNode(port, 'down', async (node) => /cluster_state:(\w+)/.exec((await node.cluster('INFO')) as string)?.[1] ?? '?');
+}
+
+/** True when the node on `observer` has flagged the node on `port` as failed (FAIL, not just PFAIL). */
+export function flaggedFailed(observer: number, port: number): Promise<boolean> {
+  return onNode(observer, false, async (node) => {
+    const lines = ((await node.cluster('NODES')) as string).trim().split('\n');
+    const line = lines.find((l) => l.split(' ')[1]?.startsWith(`127.0.0.1:${port}@`));
+    return line !== undefined && line.split(' ')[2]!.split(',').includes('fail');
+  });
+}
+
 /** A slot migration in progress, driven by hand as `redis-cli --cluster reshard` does it. */
 export interface Migration {
   /** MIGRATEs every key of the slot to the destination and assigns the slot to it on every master. */

@@ -26,7 +26,7 @@ import {
   type RedisCluster,
   type RedisNode,
 } from '../harness/redis.js';
-import { keysPerMaster, masters, slotOf, startMigration } from '../cluster/support.js';
+import { clusterState, keysPerMaster, masters, slotOf, startMigration } from '../cluster/support.js';
 import { BucketChecker, LockChecker, OpTracker, countUnhandled } from './checks.js';
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -201,19 +201,6 @@ interface Scene {
 
 const pick = <T>(xs: readonly T[], n: number): T[] => [...xs].sort(() => Math.random() - 0.5).slice(0, n);
 
-/** cluster_state as seen by `node`, or 'down'. */
-async function clusterState(node: RedisNode): Promise<string> {
-  const r = node.client({ lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0 });
-  try {
-    await r.connect();
-    return /cluster_state:(\w+)/.exec((await r.cluster('INFO')) as string)?.[1] ?? 'unknown';
-  } catch {
-    return 'down';
-  } finally {
-    r.disconnect();
-  }
-}
-
 /** Kills `nodes`, keeps them down for DOWN_MS, restarts them empty; `lost` learns the data-loss window. */
 async function killAndRestart(nodes: readonly RedisNode[], lost?: (deadAt: number, restartAt: number) => void): Promise<void> {
   await Promise.all(nodes.map((n) => n.kill()));
@@ -242,7 +229,7 @@ function scenes(single: RedisNode, redlockNodes: RedisNode[], cluster: RedisClus
       run: async () => {
         await killAndRestart(pick(cluster.nodes, 1), (deadAt, restartAt) => buckets.dataLoss('cluster', deadAt, restartAt));
         const deadline = Date.now() + 20_000;
-        while ((await Promise.all(cluster.nodes.map(clusterState))).some((s) => s !== 'ok')) {
+        while ((await Promise.all(cluster.nodes.map((n) => clusterState(n.port)))).some((s) => s !== 'ok')) {
           if (Date.now() > deadline) throw new Error('the cluster did not report ok within 20 s of the restart');
           await delay(100);
         }
