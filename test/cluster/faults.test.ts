@@ -13,6 +13,7 @@ import { BucketChecker, LockChecker, OpTracker } from '../soak/checks.js';
 import {
   clusterState,
   flaggedFailed,
+  onNode,
   keysPerMaster,
   masters,
   ownerOf,
@@ -22,11 +23,15 @@ import {
 } from './support.js';
 
 let cluster: RedisCluster;
+let replicated: RedisCluster;
 
 beforeAll(async () => {
-  // Without full coverage the masters that are left keep serving their own slots while one is down (the soak run
-  // covers the default, where the whole cluster stops).
-  cluster = await startCluster({ args: ['--cluster-require-full-coverage', 'no'] });
+  [cluster, replicated] = await Promise.all([
+    // Without full coverage the masters that are left keep serving their own slots while one is down (the soak run
+    // covers the default, where the whole cluster stops).
+    startCluster({ args: ['--cluster-require-full-coverage', 'no'] }),
+    startCluster({ masters: 3, replicas: 1 }),
+  ]);
 });
 
 afterAll(async () => {
@@ -57,9 +62,9 @@ class Traffic {
   private readonly lockers: RedisLock[] = [];
   private readonly loops: Promise<void>[] = [];
 
-  constructor(keys: readonly string[], lockPrefix: string, bucketPrefix: string) {
+  constructor(on: RedisCluster, keys: readonly string[], lockPrefix: string, bucketPrefix: string) {
     for (let i = 0; i < 3; i++) {
-      const client = cluster.client();
+      const client = on.client();
       this.clients.push(client);
       const locker = new RedisLock(client, { prefix: lockPrefix, onError: () => undefined });
       this.lockers.push(locker);
@@ -143,7 +148,7 @@ describe('Cluster faults under traffic', () => {
     const view = await masters(admin);
     const from = ownerOf(view, slot);
     const to = view.find((m) => m.port !== from)!;
-    const traffic = new Traffic([key], lockPrefix, bucketPrefix);
+    const traffic = new Traffic(cluster, [key], lockPrefix, bucketPrefix);
     try {
       await until(() => traffic.recovered(key, 0), 5_000, 'traffic on the busy key');
       await pause(500);
@@ -184,7 +189,7 @@ describe('Cluster faults under traffic', () => {
     const byMaster = await keysPerMaster(admin, 'kill', (k) => lockNames(lockPrefix, k).lock);
     const wakeKeys = await keysPerMaster(admin, 'wake', (k) => lockNames(wakePrefix, k).lock);
     const keys = [...byMaster.values()].flat();
-    const traffic = new Traffic(keys, lockPrefix, bucketPrefix);
+    const traffic = new Traffic(cluster, keys, lockPrefix, bucketPrefix);
     let restartAt = 0;
     let victimPort = 0;
     try {
@@ -265,5 +270,49 @@ describe('Cluster faults under traffic', () => {
     expect(traffic.ops.total(/^lock LOCK_UNAVAILABLE$/)).toBeGreaterThan(0);
     expect(traffic.ops.total(/^bucket RATE_LIMIT_UNAVAILABLE$/)).toBeGreaterThan(0);
     expect(traffic.recovered(byMaster.get(victimPort)![0]!, restartAt)).toBe(true);
+  });
+});
+
+describe('Cluster failover under traffic', () => {
+  it('a master dies and its replica takes over: typed errors while it happens, then service with nothing restarted', async () => {
+    const lockPrefix = uniquePrefix('failover-lock');
+    const bucketPrefix = uniquePrefix('failover-tb');
+    const admin = replicated.client();
+    const unhandled = trackUnhandled();
+    const byMaster = await keysPerMaster(admin, 'failover', (k) => lockNames(lockPrefix, k).lock);
+    const keys = [...byMaster.values()].flat();
+    const [victimPort, [victimKey]] = [...byMaster.entries()][0]! as [number, string[]];
+    const slot = await slotOf(admin, lockNames(lockPrefix, victimKey!).lock);
+    const victim = replicated.nodes.find((n) => n.port === victimPort)!;
+    const survivor = replicated.nodes.find((n) => n !== victim)!;
+    const traffic = new Traffic(replicated, keys, lockPrefix, bucketPrefix);
+    let promotedAt = 0;
+    try {
+      await until(() => keys.every((k) => traffic.recovered(k, 0)), 5_000, 'traffic on every master');
+      await pause(300);
+      await victim.kill();
+      // After cluster-node-timeout (2 s) the victim's replica is elected and takes its slots over.
+      await until(
+        async () => {
+          const view = await onNode(survivor.port, undefined, (node) => masters(node));
+          return view !== undefined && ownerOf(view, slot) !== victimPort;
+        },
+        20_000,
+        'a replica to take over the dead master’s slots',
+        100,
+      );
+      promotedAt = Date.now();
+      await until(() => keys.every((k) => traffic.recovered(k, promotedAt)), 15_000, 'traffic to succeed on every master');
+      await pause(500);
+    } finally {
+      await traffic.stop();
+      unhandled.stop();
+      admin.disconnect();
+    }
+    // The replica had the data (replication on the loopback is immediate), so no lease or bucket state went missing.
+    traffic.expectClean();
+    expect(unhandled.reasons).toEqual([]);
+    expect(traffic.ops.total(/ (LOCK_UNAVAILABLE|RATE_LIMIT_UNAVAILABLE)$/)).toBeGreaterThan(0);
+    expect(traffic.recovered(victimKey!, promotedAt)).toBe(true);
   });
 });

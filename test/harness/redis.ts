@@ -61,8 +61,10 @@ export interface RedisCluster {
 
 /** Options for {@link startCluster}. */
 export interface ClusterStartOptions {
-  /** Number of masters (no replicas); `redis-cli --cluster create` needs at least 3. */
+  /** Number of masters; `redis-cli --cluster create` needs at least 3. */
   masters?: number;
+  /** Replicas per master (default 0); `nodes` then holds masters × (1 + replicas) nodes, roles as redis-cli assigns them. */
+  replicas?: number;
   /** Extra `redis-server` arguments for every node. */
   args?: string[];
 }
@@ -502,16 +504,22 @@ async function waitForClusterOk(nodes: RedisNode[]): Promise<void> {
   }
 }
 
-/** Starts `masters` cluster-enabled nodes, joins them with `redis-cli --cluster create` and waits for `cluster_state:ok`. */
+/**
+ * Starts masters × (1 + replicas) cluster-enabled nodes, joins them with `redis-cli --cluster create` and waits for
+ * `cluster_state:ok`.
+ */
 export async function startCluster(options: ClusterStartOptions = {}): Promise<RedisCluster> {
-  const { masters = 3 } = options;
+  const { masters = 3, replicas = 0 } = options;
   if (!Number.isInteger(masters) || masters < 3) {
     throw new RangeError(`masters must be an integer >= 3 (redis-cli --cluster create needs 3), got ${masters}`);
+  }
+  if (!Number.isInteger(replicas) || replicas < 0) {
+    throw new RangeError(`replicas must be an integer >= 0, got ${replicas}`);
   }
   const cli = requireBinary('redis-cli');
   const extra = options.args ?? [];
   const nodes = await startNodes(
-    masters,
+    masters * (1 + replicas),
     (dir) => [
       '--cluster-enabled', 'yes',
       '--cluster-config-file', path.join(dir, 'nodes.conf'),
@@ -524,7 +532,7 @@ export async function startCluster(options: ClusterStartOptions = {}): Promise<R
     await run(cli, [
       '--cluster', 'create',
       ...nodes.map((node) => `${HOST}:${node.port}`),
-      '--cluster-replicas', '0',
+      '--cluster-replicas', String(replicas),
       '--cluster-yes',
     ]);
     await waitForClusterOk(nodes);
