@@ -1,7 +1,15 @@
 // A second app process for the cross-process tests: `node --import tsx app-process.ts <framework> <redis port> <policy>`
-// serves /limited (rateLimit, capacity 6, 1/h, key ?k=) on its own Redis connection and prints `LISTENING <url>`.
+// serves /limited (rateLimit, capacity 6, 1/h, key ?k=) and /buy (withLock on ?order=, answering once /release?order=
+// is called) on its own Redis connection, and prints `LISTENING <url>`.
 import { Redis } from 'ioredis';
-import { framework, type FrameworkName } from './apps.js';
+import { deferred, framework, type FrameworkName } from './apps.js';
+
+const holds = new Map<string, { promise: Promise<void>; resolve: (value: void) => void }>();
+const hold = (order: string) => {
+  let d = holds.get(order);
+  if (!d) holds.set(order, (d = deferred()));
+  return d;
+};
 
 const [name, port, policy] = process.argv.slice(2) as [FrameworkName, string, string];
 const redis = new Redis({ host: '127.0.0.1', port: Number(port) });
@@ -10,6 +18,19 @@ const fw = await framework(name);
 const app = await fw.start({
   routes: {
     '/limited': { use: [fw.rateLimit({ capacity: 6, rate: '1/h', redis, policy, key: (r: { query: { k?: string } }) => r.query.k })] },
+    '/buy': {
+      use: [fw.withLock((r: { query: { order?: string } }) => r.query.order, { redis })],
+      handle: async (c) => {
+        await hold(c.query.order!).promise;
+        return undefined;
+      },
+    },
+    '/release': {
+      handle: (c) => {
+        hold(c.query.order!).resolve();
+        return undefined;
+      },
+    },
   },
 });
 process.stdout.write(`LISTENING ${app.url}\n`);

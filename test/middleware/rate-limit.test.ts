@@ -408,7 +408,7 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
     });
   });
 
-  it('shares one budget between two app processes on one Redis', async () => {
+  it('shares one budget and one lock between two app processes on one Redis', async () => {
     const policy = freshPolicy('procs');
     const child = await startChild(name, node.port, policy);
     try {
@@ -422,6 +422,20 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       // The child answered half of them, from the same Redis budget.
       expect((await get(`${child.url}/limited?k=other`)).status).toBe(200);
       expect(await remainingInRedis(policy, 'other', 6, '1/h')).toBe(5);
+
+      // And one lock: while the other process's handler holds an order, this process answers 423 for it.
+      const order = `${policy}-order`;
+      const lockApp = await start({ routes: { '/buy': { use: [fw.withLock((r: { query: { order?: string } }) => r.query.order, { redis })] } } });
+      const remote = get(`${child.url}/buy?order=${order}`);
+      await until(async () => (await redis.exists(`hasp:lock:{${order}}`)) === 1, 5_000, 'the other process to lock');
+      const busy = await get(`${lockApp.url}/buy?order=${order}`);
+      expect(busy.status).toBe(423);
+      expect(busy.body.code).toBe('LOCK_BUSY');
+      expect((await get(`${child.url}/release?order=${order}`)).status).toBe(200);
+      expect((await within(remote, 5_000, 'the other process to answer')).status).toBe(200);
+      // The release is on its way to Redis before that answer is; it lands first unless it needs a second round trip
+      // (the first release on a server that does not know the script yet: EVALSHA, NOSCRIPT, EVAL).
+      await until(async () => (await get(`${lockApp.url}/buy?order=${order}`)).status === 200, 2_000, 'the lock to be free here', 10);
     } finally {
       await child.stop();
     }

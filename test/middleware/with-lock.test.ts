@@ -102,6 +102,11 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       await until(() => answered.length >= 49, 10_000, '49 answers while the purchase runs');
       const busyAnswers = answered.slice();
       expect(busyAnswers.map((r) => r.status)).toEqual(Array(49).fill(423));
+      // The locker the options asked for holds it: one Redis, every Redlock master, or neither.
+      const name = lockNames('hasp:lock:', order).lock;
+      const held = async (c: Redis) => (await c.exists(name)) === 1;
+      expect(await held(redis)).toBe(lockerName === 'RedisLock');
+      expect(await Promise.all(redlockClients.map(held))).toEqual(Array(3).fill(lockerName === 'Redlock'));
       gate.resolve();
       const responses = await within(Promise.all(all), 10_000, '50 purchases');
       expect(responses.filter((r) => r.status === 200)).toHaveLength(1);

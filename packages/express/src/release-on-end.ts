@@ -38,7 +38,8 @@ function endAndRelease(this: Tracked, ...args: unknown[]): unknown {
   if (list !== undefined) {
     this[HELD] = undefined;
     abandoned.unregister(list);
-    // Released before the response goes out: the release reaches Redis ahead of any request the client sends next.
+    // Released before the response is written: the release command goes to Redis first (see HeldLock.release), ahead
+    // of any request the client sends next.
     releaseAll(list);
   }
   return (this[END] as (...a: unknown[]) => unknown).apply(this, args);

@@ -108,6 +108,8 @@ export function requestOwner(carrier: object): string {
   return owner;
 }
 
+const ignore = (): void => {};
+
 class Held implements HeldLock {
   private done = false;
 
@@ -119,6 +121,11 @@ class Held implements HeldLock {
   release(): void {
     if (this.done) return;
     this.done = true;
+    // Send the release now, synchronously, rather than a few promise turns later from `using`'s finally: its command
+    // is then written to Redis before the response that tells the client the handler is done, so a request the client
+    // sends next through another process cannot overtake it. `using` awaits this same release (it is idempotent) and
+    // reports its failure.
+    this.lease.release().catch(ignore);
     this.finish();
   }
 }
