@@ -8,7 +8,9 @@
 // Redis takes the hash tag from the FIRST '{' of a name and the first '}' after it, so a prefix holding a complete tag
 // would decide the slot instead: `app{x}:` pins every key of every user to one slot (correct but one hot shard), and
 // `app{}:` makes an empty tag, so each name hashes whole and one key's names land in different slots (CROSSSLOT on every
-// script). checkPrefix() refuses such prefixes at construction; a lone '{' or '}' is harmless and allowed.
+// lock script). The lockers refuse such prefixes at construction (checkPrefix); a lone '{' or '}' is harmless. A token
+// bucket has a single name per key, so a tag in its prefix only puts every bucket in one slot: allowed (the HTTP
+// middleware puts the policy name, which may hold braces, into the bucket prefix).
 
 /** An injective, `}`-free spelling of a user key. */
 export function encodeKey(key: string): string {
@@ -37,8 +39,8 @@ export function keyStem(prefix: string, key: string): string {
 }
 
 /**
- * Validates a `prefix` option: any string without a Redis Cluster hash tag (a '{' followed later by a '}'), since such
- * a tag would override the per-key tag of {@link keyStem}.
+ * Validates a locker's `prefix` option: any string without a Redis Cluster hash tag (a '{' followed later by a '}'),
+ * since such a tag would override the per-key tag of {@link keyStem} that keeps a lock's names in one slot.
  * @throws TypeError naming `prefix` for a non-string or a prefix holding a hash tag
  */
 export function checkPrefix(prefix: unknown): string {
