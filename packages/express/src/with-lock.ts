@@ -27,7 +27,7 @@ export function withLock(key: RequestKey, options?: WithLockOptions): RequestHan
   async function lock(req: Request, res: Response, next: NextFunction): Promise<void> {
     let held: HeldLock | undefined;
     try {
-      held = await guard.acquire(req, req);
+      held = await guard.acquire(req, req, res);
     } catch (error) {
       next(error);
       return;

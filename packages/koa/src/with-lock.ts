@@ -20,7 +20,7 @@ export function withLock(key: ContextKey, options?: WithLockOptions): Middleware
   const guard = new LockGuard<Context>(key, options, 'withLock');
 
   return async function withLockMiddleware(ctx: Context, next: Next): Promise<void> {
-    const held = await guard.acquire(ctx, ctx);
+    const held = await guard.acquire(ctx, ctx, ctx.res);
     if (held === undefined) return next();
     ctx.state.lock = held.lease;
     try {

@@ -9,7 +9,8 @@ export type HttpErrorCode =
   | 'LOCK_BUSY'
   | 'LOCK_UNAVAILABLE'
   | 'INVALID_KEY'
-  | 'INVALID_COST';
+  | 'INVALID_COST'
+  | 'CLIENT_CLOSED_REQUEST';
 
 /** An `http-errors` error as the middleware makes it: `status`, `expose`, `code`, and the `headers` to send. */
 export type MiddlewareHttpError = HttpError & {
@@ -55,6 +56,17 @@ export function lockUnavailableError(cause: unknown): MiddlewareHttpError {
     expose: true,
     code: 'LOCK_UNAVAILABLE',
     cause,
+  }) as MiddlewareHttpError;
+}
+
+/**
+ * 499 (nginx's "client closed request"), code `CLIENT_CLOSED_REQUEST`: the client went away while its request waited for
+ * a busy lock, so it stopped waiting; the handler did not run. Nobody can read the answer: it is for the app's logs.
+ */
+export function clientClosedError(): MiddlewareHttpError {
+  return createError(499, 'Client closed the request while it waited for the lock', {
+    expose: false,
+    code: 'CLIENT_CLOSED_REQUEST',
   }) as MiddlewareHttpError;
 }
 

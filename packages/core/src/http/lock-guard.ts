@@ -6,7 +6,7 @@ import { Redlock } from '../lock/redlock.js';
 import type { Lease, Locker, RedisClient, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import * as v from '../util/validate.js';
-import { lockBusyError, lockUnavailableError } from './errors.js';
+import { clientClosedError, lockBusyError, lockUnavailableError } from './errors.js';
 import { retryAfterSeconds } from './fields.js';
 import { callKey, type KeyFunction } from './inputs.js';
 import { checkOptionNames, optionErrors } from './options.js';
@@ -30,7 +30,9 @@ export interface WithLockBaseOptions {
    */
   ttl?: number;
   /**
-   * Milliseconds to wait for a busy lock before answering 423.
+   * Milliseconds to wait for a busy lock before answering 423. A client that disconnects while its request waits stops
+   * the wait: the handler does not run, and the app's error handling gets a 499 (code `CLIENT_CLOSED_REQUEST`) for its
+   * logs. (Only with this option: a locker's own default wait is not watched.)
    * @default the locker's wait (0: answer at once)
    */
   wait?: number;
@@ -180,6 +182,8 @@ export class LockGuard<Arg> {
   private readonly keyFn: KeyFunction<Arg>;
   private readonly using: UsingOptions;
   private readonly where: string;
+  // Only requests that may wait watch for their client leaving: a fail-fast acquire needs no listener.
+  private readonly waits: boolean;
 
   /**
    * @throws TypeError or RangeError naming the option when an option is missing or invalid
@@ -204,6 +208,7 @@ export class LockGuard<Arg> {
     this.keyFn = key;
     this.locker = resolved.locker;
     this.using = resolved.using;
+    this.waits = (resolved.using.wait ?? 0) > 0;
   }
 
   /**
@@ -211,12 +216,37 @@ export class LockGuard<Arg> {
    * `undefined` (no lock for this request).
    * @param arg - what the key function receives
    * @param carrier - the per-request object the owner is kept on (Express `req`, Koa `ctx`)
-   * @throws a 500 (`INVALID_KEY`) for a bad key, 423 (`LOCK_BUSY`) or 503 (`LOCK_UNAVAILABLE`)
+   * @param res - the Node response: with a `wait` option, a client that disconnects while waiting stops the wait
+   * @throws a 500 (`INVALID_KEY`) for a bad key, 423 (`LOCK_BUSY`), 503 (`LOCK_UNAVAILABLE`), or 499
+   *   (`CLIENT_CLOSED_REQUEST`) when the client went away while waiting
    */
-  async acquire(arg: Arg, carrier: object): Promise<HeldLock | undefined> {
+  async acquire(arg: Arg, carrier: object, res?: ClosableResponse): Promise<HeldLock | undefined> {
     const k = callKey(this.where, this.keyFn, arg);
     const key = typeof k === 'object' ? await k : k;
     if (key === undefined) return undefined;
-    return holdLock(this.locker, key, { ...this.using, owner: requestOwner(carrier) });
+    const options: UsingOptions = { ...this.using, owner: requestOwner(carrier) };
+    if (res === undefined || !this.waits) return holdLock(this.locker, key, options);
+    // Requests queued for a busy lock whose clients have gone would otherwise each take the lock in turn, running
+    // handlers nobody reads while the clients still there wait behind them.
+    const gone = new AbortController();
+    const onClose = (): void => {
+      if (!res.writableEnded) gone.abort(clientClosedError());
+    };
+    if (res.destroyed) onClose();
+    else res.once('close', onClose);
+    options.signal = gone.signal;
+    try {
+      return await holdLock(this.locker, key, options);
+    } finally {
+      res.off('close', onClose);
+    }
   }
+}
+
+/** What {@link LockGuard.acquire} needs of a response to notice that the client went away. */
+export interface ClosableResponse {
+  readonly destroyed: boolean;
+  readonly writableEnded: boolean;
+  once(event: 'close', listener: () => void): unknown;
+  off(event: 'close', listener: () => void): unknown;
 }
