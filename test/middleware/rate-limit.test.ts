@@ -208,6 +208,7 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       await within(started.promise, 5_000, 'the first handler');
       const busy = await get(`${app.url}/buy`);
       expect(busy.status).toBe(423);
+      expect(Number(busy.headers['retry-after'])).toBeGreaterThanOrEqual(1);
       expect(busy.headers['ratelimit-policy']).toBe(`"${policy}-${errors}";q=10;w=36000`);
       expect(busy.headers.ratelimit).toMatch(/;r=8;t=\d+$/);
       finish.resolve();

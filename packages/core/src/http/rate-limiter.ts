@@ -31,8 +31,12 @@ export interface RateLimitBaseOptions<Arg> {
    */
   bucket?: BucketLike;
   /**
-   * The bucket key: a string, or a function of the request (may be async). `undefined` skips limiting for that request.
-   * @default the client IP (IPv6 grouped by /64)
+   * The bucket key: a string, or a function of the request (may be async). `undefined` skips limiting for that request;
+   * a function that throws or returns anything but a non-empty string or `undefined` is a 500 (code `INVALID_KEY`)
+   * through the app's error handling, and nothing is taken.
+   * @default the client IP as the framework reports it (Express `req.ip`, which follows `trust proxy`; Koa `ctx.ip`,
+   *   which follows `app.proxy`), IPv4-mapped IPv6 as IPv4, other IPv6 grouped by /64; without a trusted proxy,
+   *   `X-Forwarded-For` and `Forwarded` are ignored
    */
   key?: string | KeyFunction<Arg>;
   /**
@@ -52,8 +56,11 @@ export interface RateLimitBaseOptions<Arg> {
    */
   policy?: string;
   /**
-   * When Redis fails: `'memory'` uses a per-process bucket until Redis answers again, `'open'` lets requests through,
-   * `'closed'` answers 503 (code `RATE_LIMIT_UNAVAILABLE`).
+   * When Redis fails (an error, or no answer within the bucket's timeout, 2 s): `'memory'` takes from a per-process
+   * bucket of the same capacity and rate; `'open'` lets requests through unlimited (no RateLimit fields); `'closed'`
+   * answers 503 (code `RATE_LIMIT_UNAVAILABLE`, `Retry-After`). After a failure the limiter stops asking Redis, so
+   * requests do not each wait out the timeout, and goes back to it as soon as it answers: at the client's `'ready'`
+   * event after a reconnect, or when a probe (every 500 ms while requests come in) succeeds. No restart needed.
    * @default 'memory'
    */
   onStoreError?: StoreErrorPolicy;
