@@ -1,5 +1,6 @@
 // TokenBucket: a continuous token bucket per key, in memory or atomically on Redis with the server's clock.
 import { assertClient } from '../lock/redis-lock.js';
+import { checkPrefix } from '../redis/keys.js';
 import type { Decision, TokenBucketOptions } from '../types.js';
 import * as v from '../util/validate.js';
 import { type BucketStore, MemoryBucketStore, RedisBucketStore } from './bucket-store.js';
@@ -67,7 +68,7 @@ export class TokenBucket {
           `got capacity ${this.capacity} at rate ${this.rate}/s`,
       );
     }
-    const prefix = v.string('prefix', o.prefix);
+    const prefix = checkPrefix(v.string('prefix', o.prefix));
     const timeout = v.duration('timeout', o.timeout);
     // Validated even when unused (with redis), so a mistake shows at start-up.
     const clock = o.clock === undefined ? undefined : v.func<() => number>('clock', o.clock);

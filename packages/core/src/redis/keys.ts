@@ -8,9 +8,9 @@
 // Redis takes the hash tag from the FIRST '{' of a name and the first '}' after it, so a prefix holding a complete tag
 // would decide the slot instead: `app{x}:` pins every key of every user to one slot (correct but one hot shard), and
 // `app{}:` makes an empty tag, so each name hashes whole and one key's names land in different slots (CROSSSLOT on every
-// lock script). The lockers refuse such prefixes at construction (checkPrefix); a lone '{' or '}' is harmless. A token
-// bucket has a single name per key, so a tag in its prefix only puts every bucket in one slot: allowed (the HTTP
-// middleware puts the policy name, which may hold braces, into the bucket prefix).
+// lock script). Every constructor refuses such prefixes (checkPrefix), the token bucket too: it has one name per key,
+// so a tag would only crowd every bucket into one slot, but one rule for all prefixes is easier to state. A lone '{' or
+// '}' is harmless and allowed.
 
 /** An injective, `}`-free spelling of a user key. */
 export function encodeKey(key: string): string {
@@ -39,8 +39,8 @@ export function keyStem(prefix: string, key: string): string {
 }
 
 /**
- * Validates a locker's `prefix` option: any string without a Redis Cluster hash tag (a '{' followed later by a '}'),
- * since such a tag would override the per-key tag of {@link keyStem} that keeps a lock's names in one slot.
+ * Validates a `prefix` option: any string without a Redis Cluster hash tag (a '{' followed later by a '}'), since such
+ * a tag would override the per-key tag of {@link keyStem}.
  * @throws TypeError naming `prefix` for a non-string or a prefix holding a hash tag
  */
 export function checkPrefix(prefix: unknown): string {
