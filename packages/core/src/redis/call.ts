@@ -23,10 +23,17 @@ export function bounded<T>(
   op: () => Promise<T>,
   late?: (result: T) => void,
 ): Promise<T> {
-  const { status, retryAttempts } = client as unknown as { status?: string; retryAttempts?: unknown };
+  const { status, retryAttempts, manuallyClosing } = client as unknown as {
+    status?: string;
+    retryAttempts?: unknown;
+    manuallyClosing?: unknown;
+  };
   if (status !== undefined && DOWN.has(status)) {
     return Promise.reject(new RedisCallError(`Redis connection is ${status}`));
   }
+  // After the user's quit() the server closes the socket: a command written then fails with EPIPE, and the close
+  // that follows rejects the user's own QUIT with "Connection is closed" if its reply was not read yet.
+  if (manuallyClosing === true) return Promise.reject(new RedisCallError('Redis connection is closing'));
   // Between reconnect attempts ioredis passes through 'connecting' and 'connect'; a command sent then would wait in the
   // offline queue and run whenever the server is back, long after we gave up on it. A client that has connected
   // before counts its attempts (reset once ready).

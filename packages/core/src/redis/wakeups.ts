@@ -69,16 +69,24 @@ export class Wakeups {
     return stop;
   }
 
-  /** Closes the subscriber connection; later `listen` calls reject. */
+  /**
+   * Closes the subscriber connection; later `listen` calls reject. Current listeners are woken ('' = anyone may try),
+   * so a waiter finds out at once (its next attempt fails when the client ended) instead of at its next poll.
+   */
   close(): void {
+    if (this.closed) return;
     this.closed = true;
     this.client.off('end', this.onClientEnd);
     if (this.idleTimer) clearTimeout(this.idleTimer);
     this.idleTimer = undefined;
-    for (const ch of this.channels.values()) if (ch.linger) clearTimeout(ch.linger);
+    const listeners = [...this.channels.values()].flatMap((ch) => {
+      if (ch.linger) clearTimeout(ch.linger);
+      return [...ch.listeners];
+    });
     this.channels.clear();
     this.subscriber?.disconnect();
     this.subscriber = undefined;
+    for (const listener of listeners) listener('');
   }
 
   private connection(): RedisClient {
