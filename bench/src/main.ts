@@ -75,12 +75,20 @@ async function interleaved<C, R>(
     for (const [n, i] of order.entries()) {
       const c = cases[i]!;
       log(`${what} round ${round + 1}/${CONFIG.rounds} ${n + 1}/${cases.length}: ${label(c)}`);
-      try {
-        out[i]!.runs.push(await run(c, round));
-      } catch (error) {
-        const message = error instanceof Error ? error.message : String(error);
-        log(`  failed: ${message.split('\n')[0]}`);
-        out[i]!.errors.push(message.split('\n')[0]!);
+      // One retry: on a shared machine a run can fail for reasons outside it (e.g. packages being rebuilt meanwhile).
+      for (let attempt = 1; ; attempt++) {
+        try {
+          out[i]!.runs.push(await run(c, round));
+          break;
+        } catch (error) {
+          const message = (error instanceof Error ? error.message : String(error)).split('\n')[0]!;
+          log(`  failed (attempt ${attempt}): ${message}`);
+          if (attempt >= 2) {
+            out[i]!.errors.push(message);
+            break;
+          }
+          await new Promise((resolve) => setTimeout(resolve, 2_000));
+        }
       }
     }
   }
