@@ -12,6 +12,7 @@ import {
   type Lease,
   type Locker,
 } from '../../packages/core/src/index.js';
+import { RateLimiter } from '../../packages/core/src/http/rate-limiter.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { keyStem } from '../../packages/core/src/redis/keys.js';
 import { startCluster, startRedisNodes, stopAll, type RedisCluster, type RedisNode } from '../harness/redis.js';
@@ -118,6 +119,23 @@ describe('hash slots on a Cluster', () => {
         await expectInvalid(() => new Redlock([client], { prefix }), 'prefix');
         // A bucket has one name per key, so a tag would only crowd every bucket into one slot; refused all the same.
         await expectInvalid(() => new TokenBucket({ capacity: 1, rate: 1, redis: client, prefix }), 'prefix');
+      }
+    });
+  });
+});
+
+describe('the HTTP rate limiter on a Cluster', () => {
+  it('takes a policy name with braces (it goes into the bucket prefix) and limits per key', async () => {
+    await withClient(async (client) => {
+      const policy = `login{v2}:${uniquePrefix('policy')}`;
+      const limiter = new RateLimiter<string>(
+        { capacity: 2, rate: '1/min', redis: client, policy, key: (k) => k, onStoreError: 'closed' },
+        () => undefined,
+      );
+      for (const key of ['a', 'b{c}']) {
+        expect((await limiter.check(key))?.allowed).toBe(true);
+        expect((await limiter.check(key))?.allowed).toBe(true);
+        expect((await limiter.check(key))?.allowed).toBe(false);
       }
     });
   });

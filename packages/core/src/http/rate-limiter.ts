@@ -3,6 +3,7 @@
 import { assertClient } from '../lock/redis-lock.js';
 import { parseRate } from '../rate-limit/rate.js';
 import { TokenBucket } from '../rate-limit/token-bucket.js';
+import { encodeKey } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
 import * as v from '../util/validate.js';
 import { rateLimitedError, rateLimitUnavailableError, type MiddlewareHttpError } from './errors.js';
@@ -134,7 +135,9 @@ export class RateLimiter<Arg, H = never> {
           capacity,
           rate,
           redis: o.redis,
-          prefix: `${MIDDLEWARE_BUCKET_PREFIX}${v.string('policy', policy)}:`,
+          // encodeKey drops '}' (escaped, injectively), so a policy such as 'login{v2}' cannot form a Cluster hash tag in
+          // the prefix, which TokenBucket refuses.
+          prefix: `${MIDDLEWARE_BUCKET_PREFIX}${encodeKey(v.string('policy', policy))}:`,
         });
       }
       const fields = new RateLimitFields(policy, bucket.capacity, bucket.rate);
