@@ -164,6 +164,12 @@ export interface RedlockOptions extends RedisLockOptions {
 /** Options of {@link MemoryLock}. */
 export interface MemoryLockOptions extends LockerOptions {
   /**
+   * Accepted (and validated) like the Redis lockers' `prefix`, so one options object fits every locker. A MemoryLock
+   * keeps its keys in its own store, where no prefix is needed.
+   * @default 'hasp:lock:'
+   */
+  prefix?: string;
+  /**
    * Clock in epoch ms; injectable so tests can move time without sleeping.
    * @default Date.now
    */

@@ -2,6 +2,7 @@
 // abort signal that tells the holder its lock is gone.
 import { HaspError, LockLostError, LockUnavailableError } from '../errors.js';
 import type { Lease, LockErrorEvent } from '../types.js';
+import * as v from '../util/validate.js';
 import type { LockStore } from './store.js';
 
 /** Why a lease's signal aborted when it was released normally. */
@@ -41,7 +42,7 @@ export class LeaseImpl implements Lease {
   }
 
   async extend(ttl: number = this.ttl): Promise<void> {
-    if (!Number.isInteger(ttl) || ttl <= 0) throw new RangeError(`ttl must be a whole number of ms > 0, got ${String(ttl)}`);
+    v.duration('ttl', ttl);
     if (this.released || this.signal.aborted) throw new LockLostError(this.key);
     const p = this.doExtend(ttl);
     this.inflightExtend = p;

@@ -4,7 +4,7 @@ import * as v from '../util/validate.js';
 import { BaseLocker, resolveLockerOptions } from './locker.js';
 import { MemoryLockStore } from './memory-store.js';
 
-const OPTIONS = ['ttl', 'wait', 'onError', 'clock'] as const;
+const OPTIONS = ['ttl', 'wait', 'onError', 'prefix', 'clock'] as const;
 
 /**
  * A lock held in this process's memory. Same semantics as {@link RedisLock} (fences, reentrancy, waiting with
@@ -26,6 +26,7 @@ export class MemoryLock extends BaseLocker {
   constructor(options?: MemoryLockOptions) {
     const o = v.definedOnly(options);
     v.knownKeys('MemoryLock', o, OPTIONS);
+    if (o.prefix !== undefined) v.string('prefix', o.prefix);
     const clock = o.clock === undefined ? Date.now : v.func<() => number>('clock', o.clock);
     super(new MemoryLockStore(clock), resolveLockerOptions(o));
   }

@@ -1,0 +1,134 @@
+// Every invalid value of every locker option, constructor and per call, fails at once with a TypeError or RangeError
+// naming the option, before anything is sent to Redis (the clients here never connect).
+import { Redis } from 'ioredis';
+import { afterAll, describe, it } from 'vitest';
+import { MemoryLock, RedisLock, Redlock, type Locker } from '../../packages/core/src/index.js';
+import { expectInvalid } from './helpers.js';
+
+// lazyConnect: constructing and validating never opens a connection; a call that got past validation would try to
+// connect and stay pending, which expectInvalid reports.
+const clients: Redis[] = [];
+function client(): Redis {
+  const c = new Redis({ lazyConnect: true, host: '127.0.0.1', port: 1 });
+  c.on('error', () => undefined);
+  clients.push(c);
+  return c;
+}
+const five = (): Redis[] => Array.from({ length: 5 }, client);
+
+afterAll(() => {
+  for (const c of clients) c.disconnect();
+});
+
+const NOT_NUMBERS: unknown[] = ['100', null, true, {}, [], () => 1, Symbol('x'), 10n];
+/** Bad values for a whole, positive number of ms. */
+const BAD_POSITIVE_MS: unknown[] = [0, -1, 1.5, NaN, Infinity, -Infinity, 2 ** 31, Number.MAX_SAFE_INTEGER + 2, ...NOT_NUMBERS];
+/** Bad values for a whole number of ms that may be 0. */
+const BAD_MS: unknown[] = [-1, -0.5, 1.5, NaN, Infinity, 2 ** 31, ...NOT_NUMBERS];
+const NOT_STRINGS: unknown[] = [5, null, true, {}, [], () => 'x', Symbol('x')];
+const NOT_FUNCTIONS: unknown[] = [5, 'fn', null, true, {}, []];
+
+/** Options every locker constructor takes, with their bad values. */
+const SHARED: [string, unknown[]][] = [
+  ['ttl', BAD_POSITIVE_MS],
+  ['wait', BAD_MS],
+  ['onError', NOT_FUNCTIONS],
+  ['prefix', NOT_STRINGS],
+];
+const REDIS_ONLY: [string, unknown[]][] = [['timeout', BAD_POSITIVE_MS]];
+const REDLOCK_ONLY: [string, unknown[]][] = [
+  ['driftFactor', [-0.01, 1, 1.5, NaN, Infinity, ...NOT_NUMBERS]],
+  ['quorum', [0, 1, 2, 6, 3.5, NaN, Infinity, ...NOT_NUMBERS]], // 5 nodes: a majority (3) to 5
+  ['nodeTimeout', BAD_POSITIVE_MS],
+  ['retryCount', [-1, 1.5, NaN, Infinity, ...NOT_NUMBERS]],
+  ['retryDelay', BAD_MS],
+];
+const MEMORY_ONLY: [string, unknown[]][] = [['clock', NOT_FUNCTIONS]];
+
+const constructors: [string, (options: unknown) => unknown, [string, unknown[]][]][] = [
+  ['MemoryLock', (o) => new MemoryLock(o as never), [...SHARED, ...MEMORY_ONLY]],
+  ['RedisLock', (o) => new RedisLock(client(), o as never), [...SHARED, ...REDIS_ONLY]],
+  ['Redlock', (o) => new Redlock(five(), o as never), [...SHARED, ...REDIS_ONLY, ...REDLOCK_ONLY]],
+];
+
+describe.each(constructors)('new %s(options)', (_name, make, options) => {
+  it.each(options)('rejects every bad %s, naming it', async (option, bad) => {
+    for (const value of bad) await expectInvalid(() => make({ [option]: value }), option);
+  });
+
+  it('rejects an unknown or misspelled option by its name, and options that are not an object', async () => {
+    await expectInvalid(() => make({ ttl: 5_000, wiat: 100 }), 'wiat');
+    await expectInvalid(() => make({ TTL: 5_000 }), 'TTL');
+    for (const value of [5, 'ttl', true]) await expectInvalid(() => make(value), 'options');
+  });
+});
+
+describe('locker clients', () => {
+  it('RedisLock needs an ioredis client', async () => {
+    for (const value of [undefined, null, {}, 'redis://localhost', 6379, { evalsha() {} }]) {
+      await expectInvalid(() => new RedisLock(value as never), 'redis');
+    }
+  });
+
+  it('Redlock needs a non-empty array of distinct ioredis clients', async () => {
+    for (const value of [undefined, null, [], {}, client(), 'redis://localhost']) {
+      await expectInvalid(() => new Redlock(value as never), 'clients');
+    }
+    await expectInvalid(() => new Redlock([client(), {} as never, client()]), 'clients[1]');
+    await expectInvalid(() => new Redlock([client(), null as never]), 'clients[1]');
+    const c = client();
+    await expectInvalid(() => new Redlock([c, client(), c]), 'clients');
+  });
+});
+
+const lockers: [string, () => Locker][] = [
+  ['MemoryLock', () => new MemoryLock()],
+  ['RedisLock', () => new RedisLock(client())],
+  ['Redlock', () => new Redlock(five())],
+];
+
+/** Per-call options with their bad values. */
+const CALL: [string, unknown[]][] = [
+  ['ttl', BAD_POSITIVE_MS],
+  ['wait', BAD_MS],
+  ['owner', ['', ...NOT_STRINGS]],
+  ['signal', [5, 'abort', true, {}, { aborted: false }, new AbortController()]],
+];
+
+describe.each(lockers)('%s calls', (_name, make) => {
+  it.each(CALL)('acquire, tryAcquire and using reject every bad %s at once, naming it', async (option, bad) => {
+    const locks = make();
+    for (const value of bad) {
+      const options = { [option]: value } as never;
+      await expectInvalid(() => locks.acquire('k', options), option);
+      await expectInvalid(() => locks.tryAcquire('k', options), option);
+      await expectInvalid(() => locks.using('k', async () => undefined, options), option);
+    }
+  });
+
+  it('using rejects a bad autoExtend or fn, and every call a bad key, naming them', async () => {
+    const locks = make();
+    for (const value of [1, 'true', null, {}]) {
+      await expectInvalid(() => locks.using('k', async () => undefined, { autoExtend: value as never }), 'autoExtend');
+    }
+    for (const value of [undefined, null, 'fn', {}]) await expectInvalid(() => locks.using('k', value as never), 'fn');
+    for (const key of ['', undefined, null, 5, {}, ['k'], Symbol('k')]) {
+      await expectInvalid(() => locks.acquire(key as never), 'key');
+      await expectInvalid(() => locks.tryAcquire(key as never), 'key');
+      await expectInvalid(() => locks.using(key as never, async () => undefined), 'key');
+    }
+    for (const value of [5, 'x', true]) await expectInvalid(() => locks.acquire('k', value as never), 'options');
+  });
+});
+
+describe('lease.extend', () => {
+  it('rejects a bad ttl at once, naming it, and the lease stays held', async () => {
+    const locks = new MemoryLock();
+    const lease = await locks.acquire('k');
+    for (const value of [0, -1, 1.5, NaN, Infinity, 2 ** 31, '100', null, true]) {
+      await expectInvalid(() => lease.extend(value as never), 'ttl');
+    }
+    if (lease.signal.aborted) throw new Error('a rejected extend must not affect the lease');
+    await lease.release();
+  });
+});
