@@ -64,10 +64,12 @@ describe('RateLimitFields', () => {
               expect(t).toBe(0);
             } else {
               expect(t).toBeGreaterThanOrEqual(1);
-              // A second before t the next whole token is not there yet (unless t is 1); after t seconds it is.
+              // After t seconds the next whole token is there; a second earlier it was not (unless t is 1). The
+              // decision carries whole milliseconds (rounded up, so t never comes too early): t may be a second late
+              // when the token is due less than 1 ms after a whole second.
               // (The clock only moves forward: a memory bucket forgets keys that are full again.)
               if (t >= 2) {
-                clock.now = now + (t - 1) * 1_000;
+                clock.now = now + (t - 1) * 1_000 - 1;
                 expect(await tokens(bucket, 'k')).toBe(r);
               }
               clock.now = now + t * 1_000;

@@ -14,7 +14,9 @@ import type { RequestKey, WithLockOptions } from './types.js';
  * works on a closed connection, so handlers that always answer need nothing special). A handler that gives up on a
  * gone client without ending the response frees the lock when the response object is garbage-collected, which an idle
  * Node process does within seconds; end the response to free it at once. If `req.lock.signal` aborts (the lock was
- * lost), stop changing the protected resource.
+ * lost), stop changing the protected resource. With `wait`, a client that disconnects while its request waits for the
+ * lock stops the wait (a 499, code `CLIENT_CLOSED_REQUEST`, goes to `next(err)`). Express 4 ignores rejected promises:
+ * there, an async handler must pass its errors to `next` itself, or its response is never ended.
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts
