@@ -61,3 +61,40 @@ export function redisLockFixture(node: () => RedisNode): MakeLocker {
     };
   };
 }
+
+/**
+ * Keys built to break a key-to-Redis-name mapping: braces (hash tags), the escape character and escapes, shapes of
+ * another key's internal names (lock, fence, queue, deadlines, channel), NUL, line breaks, lone UTF-16 surrogates
+ * (ioredis would turn each into U+FFFD), a valid pair, and a megabyte of text.
+ */
+export const HOSTILE_KEYS: readonly string[] = [
+  'plain',
+  '{',
+  '}',
+  '{}',
+  '{a}',
+  'a{b}c',
+  '%',
+  '%7D',
+  '%25',
+  '%ud800',
+  'a',
+  'a}',
+  'a}:f',
+  'a}:q',
+  'a}:d',
+  'a}:w',
+  'a:f',
+  'a\0b',
+  '\0',
+  '\n',
+  'line\r\nbreak',
+  '\uD800',
+  '\uDBFF',
+  '\uDC00',
+  '\uFFFD',
+  'x\uD800y',
+  '\uD83D\uDE00',
+  ' ',
+  'k'.repeat(1 << 20),
+];

@@ -9,6 +9,8 @@ import {
   type LockErrorEvent,
 } from '../../packages/core/src/index.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { HOSTILE_KEYS } from './fixtures.js';
 import { abortReason, rejection, uniquePrefix, until, within } from './helpers.js';
 
 afterAll(async () => {
@@ -167,7 +169,7 @@ describe('RedisLock keys and channels', () => {
     const prefix = uniquePrefix('ns');
     const a = new RedisLock(node.client(), { prefix });
     const b = new RedisLock(node.client(), { prefix });
-    const keys = ['plain', '}', '{', '%7D', 'x}:f', 'a\0b', '\n', '\uD800', '\uDBFF', 'k'.repeat(1 << 20)];
+    const keys = HOSTILE_KEYS;
     const held = [];
     for (const key of keys) {
       const lease = await a.acquire(key, { ttl: 10_000 });
@@ -194,6 +196,16 @@ describe('RedisLock keys and channels', () => {
     }
     a.close();
     b.close();
+  });
+
+  it('gives distinct keys distinct Redis names, none of them another key’s name, on the wire too', () => {
+    for (const prefix of ['hasp:lock:', '', '{', 'p}']) {
+      const names = HOSTILE_KEYS.flatMap((key) => Object.values(lockNames(prefix, key)));
+      // What ioredis sends: UTF-8 bytes (a lone surrogate would become U+FFFD and collide).
+      const wire = new Set(names.map((n) => Buffer.from(n, 'utf8').toString('base64')));
+      expect(wire.size).toBe(HOSTILE_KEYS.length * 5);
+      for (const n of names) expect(n.startsWith(prefix)).toBe(true);
+    }
   });
 
   it('keeps a key shaped like another key’s internal name apart from it', async () => {
