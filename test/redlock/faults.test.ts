@@ -136,6 +136,44 @@ describe('Redlock with a minority of nodes down', () => {
     await after!.release();
   });
 
+  it('reports a failed extension through onError but keeps the lease, when a third node stalls for a moment', async () => {
+    const prefix = freshPrefix('auto-stall');
+    const events: LockErrorEvent[] = [];
+    let firstFailure: (() => void) | undefined;
+    const failed = new Promise<void>((resolve) => (firstFailure = resolve));
+    const a = redlock({
+      prefix,
+      onError: (e) => {
+        events.push(e);
+        firstFailure?.();
+      },
+    });
+    const value = await a.locker.using(
+      'job',
+      async (lease) => {
+        await nodes.kill([3, 4], [a.clients]);
+        // Two nodes down and a third frozen: no quorum answers the next extension.
+        nodes.pause([0]);
+        await within(failed, 3_000, 'a failed extension to be reported');
+        expect(lease.signal.aborted).toBe(false);
+        expect(Date.now()).toBeLessThan(lease.expiresAt);
+        nodes.resume([0]);
+        // The retry, made while the lease is still valid, succeeds: the lease lives on.
+        const last = lease.expiresAt;
+        await until(() => lease.expiresAt > last || lease.signal.aborted, 2_000, 'a successful extension');
+        expect(lease.signal.aborted).toBe(false);
+        return 'kept';
+      },
+      { ttl: 1_000 },
+    );
+    expect(value).toBe('kept');
+    expect(events.length).toBeGreaterThanOrEqual(1);
+    for (const e of events) {
+      expect(e).toMatchObject({ operation: 'extend', key: 'job' });
+      expectUnavailable(e.error);
+    }
+  });
+
   it('keeps extending when the lock vanished from a minority, and loses it once a majority lost it', async () => {
     const prefix = freshPrefix('vanish');
     const { locker } = redlock({ prefix });
