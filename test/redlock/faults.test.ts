@@ -248,6 +248,18 @@ describe('Redlock without a quorum', () => {
     await lease!.release();
   });
 
+  it('on default options, fails within the documented ~1.1 s when a majority is frozen', async () => {
+    const prefix = freshPrefix('defaults-frozen');
+    const { locker } = redlock({ prefix });
+    await (await locker.acquire('warm-up')).release();
+    nodes.pause([1, 2, 3]);
+    // Default ttl 30 s: nodeTimeout 300 ms, 3 rounds, 2 retry delays of 50-100 ms.
+    const t = await timed(() => within(locker.acquire('k', { wait: 10_000 }), 10_000, 'acquire'));
+    expectUnavailable(t.error);
+    expect(t.ms).toBeGreaterThanOrEqual(3 * 300 - 5);
+    expect(t.ms).toBeLessThan(1_100 + 1_500);
+  });
+
   it('reports a lost majority through onError and lease.signal, never as an unhandled rejection', async () => {
     const prefix = freshPrefix('majority-lost');
     const events: LockErrorEvent[] = [];
