@@ -422,6 +422,47 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     expect(runs).toBe(2);
   });
 
+  it('keeps one handler per key and leaks no lock under a storm of waiting, finishing and disconnecting clients', async () => {
+    const keys = Array.from({ length: 4 }, () => freshOrder('storm'));
+    const inside = new Map<string, number>();
+    let overlap = 0;
+    let runs = 0;
+    const app = await start({
+      routes: {
+        '/buy': {
+          use: [fw.withLock(orderKey, { redis, wait: 3_000, ttl: 1_000 })],
+          handle: async (c) => {
+            const k = c.query.order!;
+            runs++;
+            if ((inside.get(k) ?? 0) > 0) overlap++;
+            inside.set(k, (inside.get(k) ?? 0) + 1);
+            await delay(10 + Math.floor(Math.random() * 30));
+            inside.set(k, inside.get(k)! - 1);
+            return undefined;
+          },
+        },
+      },
+    });
+    const requests = Array.from({ length: 60 }, (_, i) => {
+      const pending = send(`${app.url}/buy?order=${keys[i % keys.length]}`);
+      // A third of the clients give up at some point: while queued, while running, or after the answer.
+      if (i % 3 === 0) setTimeout(() => pending.abort(), Math.floor(Math.random() * 150));
+      return pending.response.then(
+        (r) => r.status,
+        () => 'aborted' as const,
+      );
+    });
+    const outcomes = await within(Promise.all(requests), 15_000, 'the storm');
+    expect(overlap).toBe(0);
+    for (const o of outcomes) expect([200, 423, 'aborted']).toContain(o);
+    expect(outcomes.filter((o) => o === 200).length).toBeGreaterThan(0);
+    expect(runs).toBeGreaterThanOrEqual(outcomes.filter((o) => o === 200).length);
+    // Every lock is free once the handlers are done: nothing waits out a ttl or auto-extends forever.
+    await until(async () => !(await Promise.all(keys.map(lockedInRedis))).some(Boolean), 3_000, 'every lock to be free', 20);
+    expect([...inside.values()].every((n) => n === 0)).toBe(true);
+    for (const k of keys) expect((await get(`${app.url}/buy?order=${k}`)).status).toBe(200);
+  });
+
   it('answers 500 for a key function that throws or returns a non-string, without locking or running the handler', async () => {
     let runs = 0;
     const bad: Record<string, () => unknown> = {
