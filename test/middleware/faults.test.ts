@@ -73,6 +73,14 @@ describe.each(FRAMEWORKS)('Redis failures on %s', (name) => {
             return undefined;
           },
         },
+        // Waiting for a busy lock must not turn a dead Redis into a long wait either.
+        '/lockwait': {
+          use: [fw.withLock(() => `${tag}-order-wait`, { redis, wait: 10_000 })],
+          handle: () => {
+            runs++;
+            return undefined;
+          },
+        },
       },
     });
     return app;
@@ -115,9 +123,11 @@ describe.each(FRAMEWORKS)('Redis failures on %s', (name) => {
     expect(closed.body.code).toBe('RATE_LIMIT_UNAVAILABLE');
     expect(Number(closed.headers['retry-after'])).toBeGreaterThanOrEqual(1);
     // withLock: 503 and the handler never runs without the lock.
-    const lock = await bounded('/lock');
-    expect(lock.status).toBe(503);
-    expect(lock.body.code).toBe('LOCK_UNAVAILABLE');
+    for (const path of ['/lock', '/lockwait']) {
+      const lock = await bounded(path);
+      expect(lock.status, path).toBe(503);
+      expect(lock.body.code, path).toBe('LOCK_UNAVAILABLE');
+    }
     expect(runs).toBe(before);
 
     await node.restart();
@@ -143,12 +153,14 @@ describe.each(FRAMEWORKS)('Redis failures on %s', (name) => {
     for (const path of ['/memory', '/closed', '/lock']) expect((await bounded(path)).status, path).toBe(200);
     node.pause();
     // The connection stays up: only the 2 s timeout can notice. All at once, so the file stays fast.
-    const [memory, closed, lock] = await Promise.all([bounded('/memory'), bounded('/closed'), bounded('/lock')]);
-    expect(memory.status).toBe(200);
-    expect(closed.status).toBe(503);
-    expect(closed.body.code).toBe('RATE_LIMIT_UNAVAILABLE');
-    expect(lock.status).toBe(503);
-    expect(lock.body.code).toBe('LOCK_UNAVAILABLE');
+    const [memory, closed, lock, lockWait] = await Promise.all(['/memory', '/closed', '/lock', '/lockwait'].map((p) => bounded(p)));
+    expect(memory!.status).toBe(200);
+    expect(closed!.status).toBe(503);
+    expect(closed!.body.code).toBe('RATE_LIMIT_UNAVAILABLE');
+    for (const r of [lock!, lockWait!]) {
+      expect(r.status).toBe(503);
+      expect(r.body.code).toBe('LOCK_UNAVAILABLE');
+    }
     expect(runs).toBe(1);
     // The limiter's circuit is open: it no longer waits for the frozen Redis.
     const fast = await bounded('/closed');
