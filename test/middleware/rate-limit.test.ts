@@ -17,6 +17,7 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 
 let node: RedisNode;
 let redis: Redis;
+const fileUnhandled = trackUnhandled();
 
 beforeAll(async () => {
   node = await startRedis();
@@ -24,7 +25,9 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  fileUnhandled.stop();
   await stopAll();
+  expect(fileUnhandled.reasons).toEqual([]);
 });
 
 let policySeq = 0;
