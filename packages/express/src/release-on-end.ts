@@ -26,18 +26,23 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
     list.push(held);
     return;
   }
-  const fresh = [held];
-  r[HELD] = fresh;
+  r[HELD] = [held];
   r[END] = r.end;
   r.end = endAndRelease as ServerResponse['end'];
-  abandoned.register(res, fresh, fresh);
+  // 'close' fires once per response, after the end or when the client goes: cheaper than registering every response.
+  res.on('close', closedUnended);
+}
+
+/** On 'close' before the end (the client went away): from now on, collecting the response releases its locks. */
+function closedUnended(this: Tracked): void {
+  const list = this[HELD];
+  if (list !== undefined) abandoned.register(this, list);
 }
 
 function endAndRelease(this: Tracked, ...args: unknown[]): unknown {
   const list = this[HELD];
   if (list !== undefined) {
     this[HELD] = undefined;
-    abandoned.unregister(list);
     // Released before the response is written: the release command goes to Redis first (see HeldLock.release), ahead
     // of any request the client sends next.
     releaseAll(list);
