@@ -35,9 +35,9 @@ const CONFIG: Config = QUICK
       quick: true,
       rounds: 1,
       ceiling: { requests: 20_000, pipelinedRequests: 60_000 },
-      locks: { workers: 50, warmupMs: 150, measureMs: 500 },
-      contended: { workers: 8, holdMs: 1, warmupMs: 150, measureMs: 700 },
-      http: { connections: 64, warmupSec: 0.5, seconds: 1 },
+      locks: { workers: 50, warmupMs: 100, measureMs: 400 },
+      contended: { workers: 8, holdMs: 1, warmupMs: 100, measureMs: 600 },
+      http: { connections: 64, warmupSec: 0.3, seconds: 0.7 },
       heap: { requests: 200_000, keys: 40_000 },
     }
   : {
