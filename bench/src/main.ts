@@ -28,6 +28,9 @@ type Section = (typeof SECTIONS)[number];
 const ONLY = new Set<Section>(onlyArg ? (onlyArg.slice('--only='.length).split(',') as Section[]) : SECTIONS);
 /** `--match=text`: only cases whose label contains `text` (for development; such runs never replace latest.md). */
 const MATCH = argv.find((a) => a.startsWith('--match='))?.slice('--match='.length);
+/** Only a full run replaces the committed report (and may write the README section). */
+const FULL = !QUICK && !onlyArg && MATCH === undefined;
+if (README && !FULL && !argv.includes('--render')) throw new Error('--readme needs a full run (no --quick, --only or --match)');
 for (const s of ONLY) if (!SECTIONS.includes(s)) throw new RangeError(`--only: unknown section "${s}" (expected ${SECTIONS.join(', ')})`);
 
 const CONFIG: Config = QUICK
@@ -266,26 +269,36 @@ async function main(): Promise<void> {
   process.stdout.write(`${markdown}\n`);
   fs.mkdirSync(RESULTS, { recursive: true });
   // Only a full run replaces the committed report; smoke and partial runs keep their markdown inside their JSON.
-  const full = !QUICK && ONLY.size === SECTIONS.length && MATCH === undefined;
+  const full = FULL;
   const base = full ? 'latest' : QUICK ? 'quick' : 'partial';
   fs.writeFileSync(path.join(RESULTS, `${base}.json`), `${JSON.stringify({ ...results, markdown }, null, 2)}\n`);
   if (full) fs.writeFileSync(path.join(RESULTS, 'latest.md'), markdown);
-  if (README) {
-    if (!full) throw new Error('--readme needs a full run (no --quick, --only or --match)');
-    const file = path.join(HERE, '..', '..', 'README.md');
-    const text = fs.readFileSync(file, 'utf8');
-    const at = text.search(/^## Benchmarks$/m);
-    let next = at < 0 ? -1 : text.slice(at + 1).search(/^## /m);
-    if (next >= 0) next += at + 1;
-    const updated =
-      at < 0 ? `${text.trimEnd()}\n\n${readmeSection(results)}` : `${text.slice(0, at)}${readmeSection(results)}${next < 0 ? '' : `\n${text.slice(next)}`}`;
-    fs.writeFileSync(file, updated);
-    log('replaced the "## Benchmarks" section of README.md');
-  }
+  if (README) writeReadme(results);
   log(`done in ${results.meta.seconds} s; wrote bench/results/${base}.json${full ? ' and latest.md' : ''}`);
 }
 
-main().catch(async (error: unknown) => {
+/** Replaces the "## Benchmarks" section of the root README (up to the next "## " heading), or appends it. */
+function writeReadme(results: Results): void {
+  const file = path.join(HERE, '..', '..', 'README.md');
+  const text = fs.readFileSync(file, 'utf8');
+  const at = text.search(/^## Benchmarks$/m);
+  let next = at < 0 ? -1 : text.slice(at + 1).search(/^## /m);
+  if (next >= 0) next += at + 1;
+  const section = readmeSection(results);
+  const updated = at < 0 ? `${text.trimEnd()}\n\n${section}` : `${text.slice(0, at)}${section}${next < 0 ? '' : `\n${text.slice(next)}`}`;
+  fs.writeFileSync(file, updated);
+  log('replaced the "## Benchmarks" section of README.md');
+}
+
+/** `--render`: rebuild results/latest.md (and with `--readme` the README section) from results/latest.json, running nothing. */
+function renderOnly(): void {
+  const results = JSON.parse(fs.readFileSync(path.join(RESULTS, 'latest.json'), 'utf8')) as Results;
+  fs.writeFileSync(path.join(RESULTS, 'latest.md'), render(results));
+  if (README) writeReadme(results);
+  log('re-rendered bench/results/latest.md from latest.json');
+}
+
+(argv.includes('--render') ? Promise.resolve().then(renderOnly) : main()).catch(async (error: unknown) => {
   process.stderr.write(`[bench] failed: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
   await stopAll().catch(() => undefined);
   process.exit(1);

@@ -102,6 +102,12 @@ const ratio = (x: number | undefined) => (x === undefined || !Number.isFinite(x)
 const pct = (x: number) => `${(x * 100).toFixed(x > 0 && x < 0.01 ? 2 : 1)}%`;
 const mb = (x: number) => (Number.isFinite(x) ? x.toFixed(1) : 'n/a');
 
+/** A figure with its ratio to the same figure of the baseline row: `1.23 (0.45×)`. */
+function vs(x: number | undefined, base: number | undefined, fmt: (x: number | undefined) => string = ms): string {
+  const r = x !== undefined && base !== undefined && base > 0 ? x / base : NaN;
+  return Number.isFinite(r) ? `${fmt(x)} (${ratio(r)})` : fmt(x);
+}
+
 function table(head: string[], rows: string[][]): string {
   const line = (cells: string[]) => `| ${cells.join(' | ')} |`;
   return [line(head), line(head.map(() => '---')), ...rows.map(line)].join('\n');
@@ -256,7 +262,7 @@ function ceilingSection(rows: Results['ceiling']): string {
       rows.map((r) => {
         const m = r.median;
         const b = base(r.case.pipeline);
-        return [CEILING_LABELS[r.case.id] + failed(r), String(r.case.pipeline), int(m?.opsPerSec), ratio(m && b ? m.opsPerSec / b.opsPerSec : NaN), ms(m?.p50), ms(m?.p99)];
+        return [CEILING_LABELS[r.case.id] + failed(r), String(r.case.pipeline), int(m?.opsPerSec), ratio(m && b ? m.opsPerSec / b.opsPerSec : NaN), vs(m?.p50, b?.p50), vs(m?.p99, b?.p99)];
       }),
     ),
   ].join('\n');
@@ -266,7 +272,8 @@ function uncontendedSection(res: Results): string {
   const parts = [
     `## Locks, uncontended (${res.config.locks.workers} workers, each on its own key: acquire + release cycles, no waiting)`,
     '',
-    'Baseline: the fastest peer library on the same number of nodes. CPU per cycle: the lock workers\' process, and the ' +
+    'Baseline: the fastest peer library on the same number of nodes; `(0.45×)` after a figure is its ratio to the same figure ' +
+      'of that peer. CPU per cycle: the lock workers\' process, and the ' +
       'Redis servers summed (INFO cpu), over the measured window; on this shared 2-core machine these explain the ' +
       'throughput better than latency does.',
   ];
@@ -287,11 +294,11 @@ function uncontendedSection(res: Results): string {
             name,
             int(m?.cyclesPerSec),
             ratio(m && peer ? m.cyclesPerSec / peer.cyclesPerSec : NaN),
-            ms(m?.acquireP50),
-            ms(m?.acquireP99),
+            vs(m?.acquireP50, peer?.acquireP50),
+            vs(m?.acquireP99, peer?.acquireP99),
             int(m?.failures),
-            ms(m?.clientCpuUs),
-            ms(m?.redisCpuUs),
+            vs(m?.clientCpuUs, peer?.clientCpuUs),
+            vs(m?.redisCpuUs, peer?.redisCpuUs),
           ];
         }),
       ),
@@ -308,7 +315,8 @@ function contendedSection(res: Results): string {
     '',
     '`default`: the library\'s own retry settings; `tuned`: its fastest polling (node-redlock: retryDelay 2 ms, jitter 1 ms, ' +
       'retryCount 5000; redis-semaphore: retryInterval 1 ms). hasp waits with `wait: 10_000` and is woken by pub/sub. ' +
-      'Baseline: a perfect in-process FIFO mutex doing the same 1 ms holds (the ceiling). Hand-off: from the holder calling release() ' +
+      'Baseline: a perfect in-process FIFO mutex doing the same 1 ms holds (the ceiling); `(1.50×)` after a figure is its ratio ' +
+      'to the ceiling\'s (its waits are the FIFO ideal: seven holds ahead). Hand-off: from the holder calling release() ' +
       'to the next holder returning from acquire(). Failed: acquisitions that gave up (retry budget or wait exhausted). ' +
       'Violations: two holders inside at once (sum over all runs).',
     '',
@@ -322,9 +330,9 @@ function contendedSection(res: Results): string {
           name,
           int(m?.sectionsPerSec),
           ratio(m && local ? m.sectionsPerSec / local.sectionsPerSec : NaN),
-          ms(m?.waitP50),
-          ms(m?.waitP99),
-          ms(m?.waitMax),
+          vs(m?.waitP50, local?.waitP50),
+          vs(m?.waitP99, local?.waitP99),
+          vs(m?.waitMax, local?.waitMax),
           int(m?.failures),
           m ? `${int(m.perWorkerMin)} / ${int(m.perWorkerMax)}` : 'n/a',
           ms(m?.handoffP50),
@@ -342,7 +350,7 @@ function httpSection(res: Results): string {
     `## HTTP (autocannon, ${h.connections} keep-alive connections, ${h.seconds} s after ${h.warmupSec} s warm-up; server in its own process)`,
     '',
     '`allowed`: 1,000 keys, nothing limited. `flooded`: one key, 100 requests/min allowed, nearly everything answered 429. ' +
-      'Baseline: the same framework with no limiter (`bare`). withLock takes a fresh key per request (never waits). ' +
+      'Baseline: the same framework with no limiter (`bare`); `(1.50×)` after a figure is its ratio to bare\'s. withLock takes a fresh key per request (never waits). ' +
       'CPU per request: the app server process and the Redis server over the measured window; on a shared 2-core machine ' +
       'the server CPU cost is the steadier measure of middleware overhead, req/s the one the targets use.',
   ];
@@ -355,7 +363,7 @@ function httpSection(res: Results): string {
       `### ${FRAMEWORK_NAME[framework]}`,
       '',
       table(
-        ['middleware', 'regime', 'req/s', '× bare', 'p50 ms', 'p99 ms', '429', 'other non-2xx', 'errors', 'server CPU µs/req', '× bare', 'Redis CPU µs/req'],
+        ['middleware', 'regime', 'req/s', '× bare', 'p50 ms', 'p99 ms', '429', 'other non-2xx', 'errors', 'server CPU µs/req', 'Redis CPU µs/req'],
         rows.map((r) => {
           const m = r.median;
           const name = (r.case.variant.startsWith('hasp') ? `**${VARIANT_NAME[r.case.variant]}**` : VARIANT_NAME[r.case.variant]) + failed(r);
@@ -364,13 +372,12 @@ function httpSection(res: Results): string {
             r.case.variant === 'bare' ? '—' : r.case.regime,
             int(m?.reqPerSec),
             ratio(m && bare ? m.reqPerSec / bare.reqPerSec : NaN),
-            ms(m?.p50),
-            ms(m?.p99),
+            vs(m?.p50, bare?.p50),
+            vs(m?.p99, bare?.p99),
             m ? pct(m.limitedShare) : 'n/a',
             m ? pct(m.otherShare) : 'n/a',
             int(m?.errors),
-            ms(m?.serverCpuUs),
-            ratio(m && bare ? m.serverCpuUs / bare.serverCpuUs : NaN),
+            vs(m?.serverCpuUs, bare?.serverCpuUs),
             ms(m?.redisCpuUs),
           ];
         }),
