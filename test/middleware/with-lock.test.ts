@@ -1,6 +1,8 @@
 // withLock() over real HTTP against real Redis, for Express 4, Express 5, Koa 2 and Koa 3: mutual exclusion under 50
 // concurrent requests, parallelism across keys, release after errors and client disconnects, auto-extension, lost
 // locks, re-entry, and bad keys.
+import http from 'node:http';
+import { PassThrough } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import v8 from 'node:v8';
 import vm from 'node:vm';
@@ -341,6 +343,56 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     const r = await within(losing, 5_000, 'the handler to see the loss');
     expect(r.status).toBe(409);
     expect(r.body).toEqual({ reason: 'LOCK_LOST' });
+  });
+
+  it('holds the lock while Express streams the response; Koa frees it before its body is sent', async () => {
+    const order = freshOrder('stream');
+    const gate = deferred();
+    const app = await start({
+      routes: {
+        '/report': {
+          use: [fw.withLock(orderKey, { redis })],
+          express: (req, res) => {
+            if (req.query.peek) return res.end('peeked');
+            res.write('first,');
+            void gate.promise.then(() => res.end('last'));
+          },
+          koa: (ctx: { body: unknown; query: { peek?: string } }) => {
+            if (ctx.query.peek) return (ctx.body = 'peeked');
+            const body = new PassThrough();
+            body.write('first,');
+            void gate.promise.then(() => body.end('last'));
+            ctx.body = body;
+          },
+        },
+      },
+    });
+    const firstChunk = deferred<string>();
+    const done = new Promise<string>((resolve, reject) => {
+      http
+        .get(`${app.url}/report?order=${order}`, (res) => {
+          let text = '';
+          res.setEncoding('utf8');
+          res.on('data', (chunk: string) => {
+            if (text === '') firstChunk.resolve(chunk);
+            text += chunk;
+          });
+          res.on('end', () => resolve(text));
+        })
+        .on('error', reject);
+    });
+    expect(await within(firstChunk.promise, 5_000, 'the first chunk')).toBe('first,');
+    const during = await within(get(`${app.url}/report?order=${order}&peek=1`), 5_000, 'a second request');
+    if (fw.kind === 'express') {
+      // The response is not ended yet: the handler is not done.
+      expect(during.status).toBe(423);
+    } else {
+      // Koa's chain has returned: the lock is free while the body is still being read.
+      expect(during.status).toBe(200);
+    }
+    gate.resolve();
+    expect(await within(done, 5_000, 'the streamed body')).toBe('first,last');
+    expect(await lockedInRedis(order)).toBe(false);
   });
 
   it('re-enters a nested withLock on the same key and frees it once', async () => {
