@@ -17,8 +17,11 @@ import { firstNonIncreasing, freshPrefix, Nodes, trackUnhandled } from './suppor
 
 const CLIENTS = 8;
 const SECTIONS = 1_000;
-/** Wall-clock bound of the run; the test fails if the sections are not done by then. */
-const RUN_MS = 45_000;
+/**
+ * Wall-clock bound of the run; the test fails if the sections are not done by then. Typically 20-35 s on two busy
+ * cores: under contention Redlock resolves split votes by random back-off, and faults make rounds fail and retry.
+ */
+const RUN_MS = 75_000;
 const TTL = 3_000;
 /** At most this many masters are killed or paused at once: a minority of 5. */
 const MAX_DOWN = 2;
@@ -69,10 +72,10 @@ it('keeps at most one holder and rising fences through 1,000 sections while a mi
       // Stay inside across timers, so an overlapping holder would get to run meanwhile: mostly a few ms, and now and
       // then long enough for the injector (told at once) to kill or freeze a node and bring it back under the holder.
       await immediate();
-      if (Math.random() < 0.02) {
+      if (Math.random() < 0.015) {
         longSections++;
         strike?.();
-        await sleep(between(300, 700));
+        await sleep(between(200, 600));
       } else {
         await sleep(between(1, 5));
       }
