@@ -37,6 +37,7 @@ const CONFIG: Config = QUICK
   ? {
       quick: true,
       rounds: 1,
+      httpRounds: 1,
       ceiling: { requests: 20_000, pipelinedRequests: 60_000 },
       locks: { workers: 50, warmupMs: 100, measureMs: 400 },
       contended: { workers: 8, holdMs: 1, warmupMs: 100, measureMs: 600 },
@@ -46,10 +47,12 @@ const CONFIG: Config = QUICK
   : {
       quick: false,
       rounds: 2,
-      ceiling: { requests: 100_000, pipelinedRequests: 400_000 },
-      locks: { workers: 50, warmupMs: 500, measureMs: 2_000 },
+      // HTTP is the noisiest family on a shared machine: three rounds, so the median is a real median.
+      httpRounds: 3,
+      ceiling: { requests: 60_000, pipelinedRequests: 250_000 },
+      locks: { workers: 50, warmupMs: 500, measureMs: 1_500 },
       contended: { workers: 8, holdMs: 1, warmupMs: 500, measureMs: 2_000 },
-      http: { connections: 64, warmupSec: 1, seconds: 3 },
+      http: { connections: 64, warmupSec: 0.75, seconds: 2.5 },
       heap: { requests: 1_000_000, keys: 200_000 },
     };
 
@@ -69,15 +72,16 @@ async function interleaved<C, R>(
   all: readonly C[],
   label: (c: C) => string,
   run: (c: C, round: number) => Promise<R>,
+  rounds = CONFIG.rounds,
 ): Promise<{ cases: C[]; results: { runs: R[]; errors: string[] }[] }> {
   const cases = MATCH === undefined ? [...all] : all.filter((c) => label(c).includes(MATCH));
   const out = cases.map(() => ({ runs: [] as R[], errors: [] as string[] }));
-  for (let round = 0; round < CONFIG.rounds; round++) {
+  for (let round = 0; round < rounds; round++) {
     const order = cases.map((_, i) => i);
     if (round % 2 === 1) order.reverse();
     for (const [n, i] of order.entries()) {
       const c = cases[i]!;
-      log(`${what} round ${round + 1}/${CONFIG.rounds} ${n + 1}/${cases.length}: ${label(c)}`);
+      log(`${what} round ${round + 1}/${rounds} ${n + 1}/${cases.length}: ${label(c)}`);
       // One retry: on a shared machine a run can fail for reasons outside it (e.g. packages being rebuilt meanwhile).
       for (let attempt = 1; ; attempt++) {
         try {
@@ -231,6 +235,7 @@ async function httpCases(node: RedisNode): Promise<Results['http']> {
         await server.stop();
       }
     },
+    CONFIG.httpRounds,
   );
   return rowsOf(results);
 }

@@ -13,6 +13,7 @@ import type { HeapRow, RedisMemoryRow } from './memory.js';
 export interface Config {
   quick: boolean;
   rounds: number;
+  httpRounds: number;
   ceiling: { requests: number; pipelinedRequests: number };
   locks: { workers: number; warmupMs: number; measureMs: number };
   contended: { workers: number; holdMs: number; warmupMs: number; measureMs: number };
@@ -246,7 +247,7 @@ function metaSection(res: Results): string {
     `- Machine: ${m.cpu}, ${m.cores} cores, ${m.memoryGb} GB RAM, ${m.os}`,
     `- Software: Node ${m.node}, Redis ${m.redis}, hasp at ${m.commit}`,
     `- Command: \`${m.command}\` (${m.seconds ?? '?'} s); load average before ${m.loadBefore.join(' / ')}, after ${m.loadAfter?.join(' / ') ?? '?'}`,
-    `- Method: every case ran ${c.rounds}× interleaved (round order reversed each round); figures are the median of the runs. ` +
+    `- Method: every case ran ${c.rounds}× (HTTP cases ${c.httpRounds}×) interleaved (round order reversed each round); figures are the median of the runs. ` +
       'Servers (redis-server, the HTTP app) and load generators (lock workers, autocannon) are separate processes, all on this one machine over loopback. ' +
       'Every ratio compares with a baseline measured in the same run.',
   ].join('\n');
@@ -522,7 +523,7 @@ export function readmeSection(res: Results): string {
     '',
     `Measured ${m.date.slice(0, 16).replace('T', ' ')} UTC on ${m.cpu}, ${m.cores} cores, ${m.memoryGb} GB RAM (${m.os}), ` +
       `Node ${m.node}, Redis ${m.redis}, hasp at ${m.commit}, with \`${m.command}\` (${m.seconds ?? '?'} s; load average ` +
-      `before ${m.loadBefore[0]}). Every case ran ${res.config.rounds}× interleaved; figures are medians, and every ratio ` +
+      `before ${m.loadBefore[0]}). Every case ran ${res.config.rounds}× (HTTP ${res.config.httpRounds}×) interleaved; figures are medians, and every ratio ` +
       'compares with a baseline measured in the same run. The machine was shared with other work, so treat small ' +
       'differences as noise.',
     '',
