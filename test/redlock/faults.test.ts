@@ -10,6 +10,7 @@ import {
   type RedlockOptions,
 } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { RELEASE } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedisNodes, stopAll } from '../harness/redis.js';
 import { abortReason, rejection, until, within } from '../core/helpers.js';
 import { freshPrefix, Nodes, timed, trackUnhandled } from './support.js';
@@ -189,6 +190,26 @@ describe('Redlock with a minority of nodes down', () => {
     expect(lost).toBeInstanceOf(LockLostError);
     expect(lease.signal.reason).toBeInstanceOf(LockLostError);
     expect(await lease.release()).toBe(false);
+  });
+});
+
+describe('Redlock late grants', () => {
+  it('leaves no lock behind on a node that lost its scripts and runs the lease’s acquire after the quorum released it', async () => {
+    const prefix = freshPrefix('late-after-release');
+    const { locker, clients } = redlock({ prefix });
+    await (await locker.acquire('warm-up')).release(); // the connections know both scripts now
+    await clients[4]!.ping(); // node 4 has run everything the warm-up sent it
+    // Node 4 forgets its scripts (a restart, a SCRIPT FLUSH) and learns only RELEASE again. Were the acquire sent there
+    // as EVALSHA, it would fail with NOSCRIPT and be re-sent as EVAL behind the release, which the node would already
+    // have run on a free key; the locker also hands back any grant that lands after its lease was released.
+    await nodes.admins[4]!.script('FLUSH');
+    await nodes.admins[4]!.script('LOAD', RELEASE.source);
+    nodes.pause([4]);
+    const lease = await locker.acquire('k', { ttl: 30_000 });
+    expect(await lease.release()).toBe(true);
+    nodes.resume([4]);
+    // Without the hand-back, node 4 would hold the key for the whole 30 s ttl.
+    await noLockLeft(prefix, 'k', 'the late grant on node 4 to be handed back');
   });
 });
 

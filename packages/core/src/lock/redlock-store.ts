@@ -36,6 +36,12 @@ export interface RedlockSettings {
 
 export class RedlockStore implements LockStore {
   private readonly wakeups: Wakeups[];
+  /**
+   * Leases this store handed out with a fresh lock, until released or past their first validity: a late grant of one
+   * of them is kept only while it is live. (A late grant can land after the lease's release on that node: ioredis
+   * re-sends commands after a reconnect, and a NOSCRIPT fallback re-sends an acquire after a release behind it.)
+   */
+  private readonly live = new Map<string, () => void>();
 
   constructor(
     private readonly clients: readonly RedisClient[],
@@ -74,6 +80,7 @@ export class RedlockStore implements LockStore {
   }
 
   async release(key: string, token: string): Promise<boolean> {
+    this.live.get(token)?.();
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     // Release goes to every node, including those that never answered the acquire; it settles once the answer is
@@ -202,9 +209,11 @@ export class RedlockStore implements LockStore {
     }
 
     const keep = !(result instanceof Error) && result.ok ? result.token : undefined;
+    // A reentry's lock belongs to the outer lease, whose life this round does not see: its late holds are kept.
+    const lease = keep === token && !(result instanceof Error) && result.ok ? this.track(token, result.ttl - elapsedSince(started)) : undefined;
     const verdict = (c: RedisClient, r: AttemptResult) => {
       if (!r.ok) return;
-      if (r.token !== keep) {
+      if (r.token !== keep || (lease !== undefined && !lease.live)) {
         this.releaseOn(c, n, r.token, this.s.timeout).catch(() => undefined);
       } else if (r.fence !== fence) {
         // A late node of the lease: give it the agreed fence too, so a nested acquire there reports the same one.
@@ -229,6 +238,20 @@ export class RedlockStore implements LockStore {
     if (keep === undefined) await Promise.allSettled(undo);
     else for (const p of undo) p?.catch(() => undefined);
     return result;
+  }
+
+  /** Marks `token`'s lease live until it is released or `validity` ms have passed. */
+  private track(token: string, validity: number): { live: boolean } {
+    const lease = { live: true };
+    const end = () => {
+      lease.live = false;
+      clearTimeout(timer);
+      this.live.delete(token);
+    };
+    const timer = setTimeout(end, Math.max(0, validity));
+    timer.unref();
+    this.live.set(token, end);
+    return lease;
   }
 
   /** Writes the agreed fence to the nodes that granted; true when a quorum recorded it. */
@@ -350,6 +373,10 @@ function majorityToken(grants: readonly ({ token: string } | undefined)[]): stri
     }
   }
   return best;
+}
+
+function elapsedSince(started: number): number {
+  return Date.now() - started;
 }
 
 function delay(ms: number): Promise<void> {
