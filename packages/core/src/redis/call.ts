@@ -14,6 +14,30 @@ export class RedisCallError extends Error {
 const DOWN = new Set(['end', 'close', 'reconnecting']);
 
 /**
+ * Why a command must not be sent on `client` now (it would fail, or wait in ioredis's offline queue and run long after
+ * the caller gave up), or undefined when it may be sent.
+ */
+export function unavailable(client: RedisClient): RedisCallError | undefined {
+  const { status, retryAttempts, manuallyClosing } = client as unknown as {
+    status?: string;
+    retryAttempts?: unknown;
+    manuallyClosing?: unknown;
+  };
+  if (status === 'ready' && manuallyClosing !== true) return undefined;
+  if (status !== undefined && DOWN.has(status)) return new RedisCallError(`Redis connection is ${status}`);
+  // After the user's quit() the server closes the socket: a command written then fails with EPIPE, and the close
+  // that follows rejects the user's own QUIT with "Connection is closed" if its reply was not read yet.
+  if (manuallyClosing === true) return new RedisCallError('Redis connection is closing');
+  // Between reconnect attempts ioredis passes through 'connecting' and 'connect'; a command sent then would wait in the
+  // offline queue and run whenever the server is back, long after we gave up on it. A client that has connected
+  // before counts its attempts (reset once ready).
+  if (typeof retryAttempts === 'number' && retryAttempts > 0) {
+    return new RedisCallError(`Redis connection is reconnecting (attempt ${retryAttempts})`);
+  }
+  return undefined;
+}
+
+/**
  * Runs `op` against `client`, failing fast while the client is reconnecting and after `timeout` ms otherwise.
  * When the operation completes after the caller gave up, `late` receives its result so side effects can be undone.
  */
@@ -23,23 +47,8 @@ export function bounded<T>(
   op: () => Promise<T>,
   late?: (result: T) => void,
 ): Promise<T> {
-  const { status, retryAttempts, manuallyClosing } = client as unknown as {
-    status?: string;
-    retryAttempts?: unknown;
-    manuallyClosing?: unknown;
-  };
-  if (status !== undefined && DOWN.has(status)) {
-    return Promise.reject(new RedisCallError(`Redis connection is ${status}`));
-  }
-  // After the user's quit() the server closes the socket: a command written then fails with EPIPE, and the close
-  // that follows rejects the user's own QUIT with "Connection is closed" if its reply was not read yet.
-  if (manuallyClosing === true) return Promise.reject(new RedisCallError('Redis connection is closing'));
-  // Between reconnect attempts ioredis passes through 'connecting' and 'connect'; a command sent then would wait in the
-  // offline queue and run whenever the server is back, long after we gave up on it. A client that has connected
-  // before counts its attempts (reset once ready).
-  if (status !== 'ready' && typeof retryAttempts === 'number' && retryAttempts > 0) {
-    return Promise.reject(new RedisCallError(`Redis connection is reconnecting (attempt ${retryAttempts})`));
-  }
+  const down = unavailable(client);
+  if (down) return Promise.reject(down);
   let pending: Promise<T>;
   try {
     pending = op();
@@ -47,28 +56,102 @@ export function bounded<T>(
     return Promise.reject(error);
   }
   return new Promise<T>((resolve, reject) => {
-    let done = false;
-    const timer = setTimeout(() => {
-      done = true;
-      reject(new RedisCallError(`Redis did not answer within ${timeout} ms`));
-    }, timeout);
-    timer.unref();
+    const entry = watch(timeout, () => reject(new RedisCallError(`Redis did not answer within ${timeout} ms`)));
     pending.then(
       (value) => {
-        if (done) {
+        if (entry.expired) {
           late?.(value);
           return;
         }
-        done = true;
-        clearTimeout(timer);
+        settle(entry);
         resolve(value);
       },
       (error: unknown) => {
-        if (done) return;
-        done = true;
-        clearTimeout(timer);
+        if (entry.expired) return;
+        settle(entry);
         reject(error);
       },
     );
   });
+}
+
+// Deadlines without a timer per call: calls with the same timeout expire in the order they started, so each distinct
+// timeout keeps a FIFO line of calls and one timer armed for the oldest call still pending. A settled call is only
+// flagged (and dropped once it reaches the head), so the hot path does no timer work at all.
+
+interface Entry {
+  readonly deadline: number;
+  readonly expire: () => void;
+  readonly line: Line;
+  settled: boolean;
+  expired: boolean;
+}
+
+interface Line {
+  readonly timeout: number;
+  entries: Entry[];
+  head: number;
+  timer: NodeJS.Timeout | undefined;
+}
+
+const lines = new Map<number, Line>();
+
+function watch(timeout: number, expire: () => void): Entry {
+  let line = lines.get(timeout);
+  if (line === undefined) {
+    line = { timeout, entries: [], head: 0, timer: undefined };
+    lines.set(timeout, line);
+  }
+  const entry: Entry = { deadline: performance.now() + timeout, expire, line, settled: false, expired: false };
+  line.entries.push(entry);
+  if (line.timer === undefined) arm(line, timeout);
+  return entry;
+}
+
+function settle(entry: Entry): void {
+  entry.settled = true;
+  const line = entry.line;
+  const entries = line.entries;
+  while (line.head < entries.length && entries[line.head]!.settled) line.head++;
+  if (line.head === entries.length) {
+    entries.length = 0;
+    line.head = 0;
+  } else if (line.head > 1024 && line.head * 2 > entries.length) {
+    line.entries = entries.slice(line.head);
+    line.head = 0;
+  }
+}
+
+function arm(line: Line, delay: number): void {
+  // Rounded up: a timer may fire up to a millisecond before performance.now() reaches the deadline.
+  line.timer = setTimeout(sweep, Math.max(1, Math.ceil(delay)), line);
+  line.timer.unref();
+}
+
+function sweep(line: Line): void {
+  line.timer = undefined;
+  const now = performance.now();
+  const entries = line.entries;
+  const expired: Entry[] = [];
+  while (line.head < entries.length) {
+    const entry = entries[line.head]!;
+    if (!entry.settled) {
+      if (entry.deadline > now) break;
+      entry.expired = true;
+      expired.push(entry);
+    }
+    line.head++;
+  }
+  if (line.head === entries.length) {
+    entries.length = 0;
+    line.head = 0;
+    lines.delete(line.timeout);
+  } else {
+    if (line.head * 2 > entries.length) {
+      line.entries = entries.slice(line.head);
+      line.head = 0;
+    }
+    arm(line, line.entries[line.head]!.deadline - now);
+  }
+  for (const entry of expired) entry.expire();
 }

@@ -1,0 +1,169 @@
+// How hasp talks to Redis on its hot path: calls made together go out in one write, a script's first call on a
+// connection is one EVAL (no NOSCRIPT round trip), and every call still fails within its timeout on a frozen server.
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LockUnavailableError, RedisLock, Redlock, type Lease } from '../../packages/core/src/index.js';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { rejection, uniquePrefix, until, within } from './helpers.js';
+
+let node: RedisNode;
+let admin: Redis;
+
+beforeAll(async () => {
+  node = await startRedis();
+  admin = node.client();
+  await admin.ping();
+});
+
+afterAll(async () => {
+  await stopAll();
+});
+
+/** The server's count of socket reads (INFO stats), which grows by one per write a client makes (small writes). */
+async function reads(): Promise<number> {
+  const info = await admin.info('stats');
+  return Number(/total_reads_processed:(\d+)/.exec(info)![1]);
+}
+
+/** Calls and failures of one command (INFO commandstats), zero when never called. */
+async function commandStats(name: string): Promise<{ calls: number; failed: number }> {
+  const info = await admin.info('commandstats');
+  const m = new RegExp(`cmdstat_${name}:calls=(\\d+).*rejected_calls=(\\d+),failed_calls=(\\d+)`).exec(info);
+  return m ? { calls: Number(m[1]), failed: Number(m[2]) + Number(m[3]) } : { calls: 0, failed: 0 };
+}
+
+describe('Redis calls', () => {
+  it('writes the calls made in one tick on one client together: 50 acquires and 50 releases in a few reads', async () => {
+    const client = node.client();
+    await client.ping();
+    const locks = new RedisLock(client, { prefix: uniquePrefix('batch') });
+    // Warm the connection's script cache, so the batch below is all EVALSHA.
+    await (await locks.acquire('warm')).release();
+    const keys = Array.from({ length: 50 }, (_, i) => `k${i}`);
+    const before = await reads();
+    const leases = await Promise.all(keys.map((k) => locks.acquire(k)));
+    const afterAcquire = await reads();
+    expect(new Set(leases.map((l) => l.fence)).size).toBe(50);
+    const released = await Promise.all(leases.map((l) => l.release()));
+    const afterRelease = await reads();
+    expect(released.every(Boolean)).toBe(true);
+    // One read each for the INFO calls themselves; unbatched, each phase would take 50.
+    expect(afterAcquire - before).toBeLessThanOrEqual(6);
+    expect(afterRelease - afterAcquire).toBeLessThanOrEqual(6);
+    // Every lock is free again.
+    expect((await Promise.all(keys.map((k) => locks.tryAcquire(k)))).every((l) => l !== null)).toBe(true);
+    locks.close();
+    client.disconnect();
+  });
+
+  it("sends a script's first call on a connection as EVAL, later ones as EVALSHA, and recovers from a flushed cache", async () => {
+    await admin.script('FLUSH');
+    await admin.config('RESETSTAT');
+    const client = node.client();
+    await client.ping();
+    const locks = new RedisLock(client, { prefix: uniquePrefix('eval') });
+    const first = await locks.acquire('a');
+    expect(await first.release()).toBe(true);
+    // One EVAL per script (acquire, release), no NOSCRIPT on the way.
+    expect(await commandStats('eval')).toEqual({ calls: 2, failed: 0 });
+    expect(await commandStats('evalsha')).toEqual({ calls: 0, failed: 0 });
+    const second = await locks.acquire('a');
+    expect(second.fence).toBeGreaterThan(first.fence);
+    expect(await second.release()).toBe(true);
+    expect(await commandStats('evalsha')).toEqual({ calls: 2, failed: 0 });
+    // The server forgets the scripts on the same connection: EVALSHA fails with NOSCRIPT once, then EVAL.
+    await admin.script('FLUSH');
+    const third = await locks.acquire('a');
+    expect(third.fence).toBeGreaterThan(second.fence);
+    expect(await third.release()).toBe(true);
+    expect(await commandStats('eval')).toMatchObject({ calls: 4 });
+    locks.close();
+    client.disconnect();
+  });
+
+  it('sends EVAL again after reconnecting to a restarted server, without a NOSCRIPT round trip', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await client.ping();
+    const locks = new RedisLock(client, { prefix: uniquePrefix('restart') });
+    await (await locks.acquire('a')).release();
+    await own.restart();
+    await within(
+      new Promise<void>((resolve) => (client.status === 'ready' ? resolve() : client.once('ready', () => resolve()))),
+      5_000,
+      'the client to reconnect',
+    );
+    const probe = own.client();
+    const lease = await locks.acquire('a');
+    expect(await lease.release()).toBe(true);
+    const info = await probe.info('commandstats');
+    expect(/cmdstat_evalsha:/.exec(info)).toBeNull();
+    expect(/cmdstat_eval:calls=2,/.exec(info)).not.toBeNull();
+    locks.close();
+    await own.stop();
+  });
+
+  it('fails a batch of 50 calls on a frozen server within the timeout, each timeout on its own clock', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await client.ping();
+    const slow = new RedisLock(client, { prefix: uniquePrefix('frozen'), timeout: 1_500 });
+    const fast = new RedisLock(client, { prefix: uniquePrefix('frozen'), timeout: 200 });
+    // Warm both scripts, so the frozen calls are plain EVALSHA.
+    await (await slow.acquire('warm')).release();
+    own.pause();
+    try {
+      const started = performance.now();
+      const slowCalls = Array.from({ length: 50 }, (_, i) =>
+        rejection(slow.tryAcquire(`s${i}`)).then((e) => [e, performance.now() - started] as const),
+      );
+      const fastCalls = Array.from({ length: 50 }, (_, i) =>
+        rejection(fast.tryAcquire(`f${i}`)).then((e) => [e, performance.now() - started] as const),
+      );
+      // The short timeout is not held up by the long one started before it.
+      for (const [error, took] of await within(Promise.all(fastCalls), 3_000, 'the 200 ms calls')) {
+        expect(error).toBeInstanceOf(LockUnavailableError);
+        expect(took).toBeGreaterThanOrEqual(195);
+        expect(took).toBeLessThan(1_000);
+      }
+      for (const [error, took] of await within(Promise.all(slowCalls), 5_000, 'the 1500 ms calls')) {
+        expect(error).toBeInstanceOf(LockUnavailableError);
+        expect(took).toBeGreaterThanOrEqual(1_495);
+        expect(took).toBeLessThan(2_500);
+      }
+    } finally {
+      own.resume();
+    }
+    // The acquires that land after thawing are handed back instead of holding their keys for the ttl.
+    const probe = own.client();
+    await until(
+      async () => (await probe.keys('*')).every((k) => k.endsWith(':f')),
+      5_000,
+      'the late acquires to be handed back',
+      20,
+    );
+    slow.close();
+    fast.close();
+    await own.stop();
+  });
+
+  it('writes together on every Redlock node too: 60 Redlock acquires on 3 nodes in a few reads per node (unbatched: 20 or more)', async () => {
+    const a = await startRedis();
+    const b = await startRedis();
+    const clients = [node.client(), a.client(), b.client()];
+    await Promise.all(clients.map((c) => c.ping()));
+    const locks = new Redlock(clients, { prefix: uniquePrefix('rl-batch') });
+    await (await locks.acquire('warm')).release();
+    const probes = [admin, a.client(), b.client()];
+    const readsOn = async (c: Redis) => Number(/total_reads_processed:(\d+)/.exec(await c.info('stats'))![1]);
+    const before = await Promise.all(probes.map(readsOn));
+    const leases: Lease[] = await Promise.all(Array.from({ length: 60 }, (_, i) => locks.acquire(`k${i}`)));
+    const after = await Promise.all(probes.map(readsOn));
+    for (let i = 0; i < 3; i++) expect(after[i]! - before[i]!).toBeLessThanOrEqual(6);
+    expect((await Promise.all(leases.map((l) => l.release()))).every(Boolean)).toBe(true);
+    locks.close();
+    for (const c of clients) c.disconnect();
+    await a.stop();
+    await b.stop();
+  });
+});
