@@ -14,8 +14,12 @@ export class LeaseReleasedError extends Error {
 }
 
 export class LeaseImpl implements Lease {
-  readonly signal: AbortSignal;
-  private readonly controller = new AbortController();
+  // The AbortController is made on first access of `signal` (most leases are released without anyone looking at it):
+  // until then `ended` and `endReason` stand for its state, and the getter hands out a signal already aborted with the
+  // same reason when the lease ended before.
+  private controller: AbortController | undefined;
+  private ended = false;
+  private endReason: (() => unknown) | undefined;
   private expiry: number;
   private expiryTimer: NodeJS.Timeout | undefined;
   private extendTimer: NodeJS.Timeout | undefined;
@@ -32,9 +36,16 @@ export class LeaseImpl implements Lease {
     private readonly ttl: number,
     private readonly report: (event: LockErrorEvent) => void,
   ) {
-    this.signal = this.controller.signal;
     this.expiry = expiresAt;
     this.armExpiry();
+  }
+
+  get signal(): AbortSignal {
+    if (this.controller === undefined) {
+      this.controller = new AbortController();
+      if (this.ended) this.controller.abort(this.endReason?.());
+    }
+    return this.controller.signal;
   }
 
   get expiresAt(): number {
@@ -43,7 +54,7 @@ export class LeaseImpl implements Lease {
 
   async extend(ttl: number = this.ttl): Promise<void> {
     v.duration('ttl', ttl);
-    if (this.released || this.signal.aborted) throw new LockLostError(this.key);
+    if (this.released || this.ended) throw new LockLostError(this.key);
     const p = this.doExtend(ttl);
     this.inflightExtend = p;
     try {
@@ -57,7 +68,7 @@ export class LeaseImpl implements Lease {
     if (this.released) return Promise.resolve(false);
     if (this.releasing) return this.releasing;
     this.stopTimers();
-    if (!this.signal.aborted) this.controller.abort(new LeaseReleasedError(this.key));
+    if (!this.ended) this.end(() => new LeaseReleasedError(this.key));
     const p = (async () => {
       // An extension racing the release must not report a false loss or re-extend a freed lock: let it settle first.
       if (this.inflightExtend) await this.inflightExtend.catch(() => undefined);
@@ -79,17 +90,17 @@ export class LeaseImpl implements Lease {
    */
   startAutoExtend(): void {
     const schedule = (delay: number) => {
-      if (this.signal.aborted) return;
+      if (this.ended) return;
       this.extendTimer = setTimeout(tick, Math.max(0, delay));
       this.extendTimer.unref();
     };
     const tick = () => {
       this.extendTimer = undefined;
-      if (this.signal.aborted) return;
+      if (this.ended) return;
       this.extend().then(
         () => schedule((this.expiry - this.store.now()) / 2),
         (error: unknown) => {
-          if (this.signal.aborted) return; // lost (already reported) or released meanwhile
+          if (this.ended) return; // lost (already reported) or released meanwhile
           const err = error instanceof HaspError ? error : new LockUnavailableError('extension failed', { cause: error });
           this.report({ operation: 'extend', key: this.key, error: err });
           // Transient failure: try again soon, while the lease is still valid; the expiry timer aborts otherwise.
@@ -103,9 +114,9 @@ export class LeaseImpl implements Lease {
 
   /** Marks the lease lost: aborts the signal with a LockLostError and reports it. */
   lose(error: LockLostError): void {
-    if (this.signal.aborted) return;
+    if (this.ended) return;
     this.stopTimers();
-    this.controller.abort(error);
+    this.end(() => error);
     this.report({ operation: 'lost', key: this.key, error });
   }
 
@@ -117,9 +128,16 @@ export class LeaseImpl implements Lease {
       this.lose(error);
       throw error;
     }
-    if (this.signal.aborted) return;
+    if (this.ended) return;
     this.expiry = Math.max(this.expiry, started + left - this.store.drift(left));
     this.armExpiry();
+  }
+
+  /** Aborts the signal (now if it exists, else when it is first asked for) with the reason `reason` makes. */
+  private end(reason: () => unknown): void {
+    this.ended = true;
+    this.endReason = reason;
+    this.controller?.abort(reason());
   }
 
   private armExpiry(): void {
