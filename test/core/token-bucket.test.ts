@@ -257,16 +257,15 @@ describe('TokenBucket on Redis', () => {
       await client.echo('end');
       await until(() => ended, 5_000, 'MONITOR to show the end marker');
       expect(decisions.filter((d) => d.allowed)).toHaveLength(5);
-      const commands = seen.map((args) => args[0]!.toLowerCase());
-      expect(commands).toEqual([
-        'echo',
-        'evalsha',
-        'eval',
-        ...Array<string>(6).fill('evalsha'),
-        'evalsha',
-        'del',
-        'evalsha',
-      ]);
+      // A script call is EVALSHA or EVAL, or EVALSHA then EVAL when the server lost the script (NOSCRIPT).
+      const commands: string[] = [];
+      seen.forEach((args, i) => {
+        const c = args[0]!.toLowerCase();
+        if (c === 'eval' && seen[i - 1]![0]!.toLowerCase() === 'evalsha') return;
+        commands.push(c === 'eval' || c === 'evalsha' ? 'script' : c);
+      });
+      // Takes 6 and 7 found the bucket that take 5 emptied: answered from memory, no command.
+      expect(commands).toEqual(['echo', ...Array<string>(5).fill('script'), 'script', 'del', 'script']);
       // Each script call names exactly one key, its bucket's.
       for (const args of seen.filter((a) => a[0]!.toLowerCase().startsWith('eval'))) expect(args[2]).toBe('1');
     } finally {
@@ -286,10 +285,11 @@ describe('TokenBucket on Redis', () => {
       expect(Date.now()).toBe(real + shift);
       const d = await bucket.take('k');
       expect(d).toMatchObject({ allowed: false, limit: 3, remaining: 0 });
-      // Only the real time that passed on the server counts (a few ms), not the shift.
-      expect(d.retryAfter).toBeLessThanOrEqual(drained.retryAfter);
+      // Only the real time that passed on the server counts (a few ms), not the shift. (These denials are answered
+      // from memory, whose numbers may be a round trip later than the server's.)
+      expect(d.retryAfter).toBeLessThanOrEqual(drained.retryAfter + 5);
       expect(d.retryAfter).toBeGreaterThan(drained.retryAfter - 1_000);
-      expect(d.resetAfter).toBeLessThanOrEqual(drained.resetAfter);
+      expect(d.resetAfter).toBeLessThanOrEqual(drained.resetAfter + 5);
       expect(d.resetAfter).toBeGreaterThan(drained.resetAfter - 1_000);
       vi.restoreAllMocks();
     }
@@ -338,12 +338,15 @@ describe('TokenBucket on Redis', () => {
     const t0 = await serverMicros(admin);
     const deadline = performance.now() + runMs;
     const workers = buckets.map(async (bucket, w) => {
-      for (let i = 0; i < 50_000 && performance.now() < deadline; i++) {
+      for (let i = 0; i < 5_000_000 && performance.now() < deadline; i++) {
         const cost = 1 + ((w + i) % 3);
         calls++;
         const d = await bucket.take('hot', cost);
-        if (d.allowed) admitted += cost;
         firstDone();
+        if (d.allowed) admitted += cost;
+        // A denial may be answered from memory without any I/O: a caller that asks again at once must still let the
+        // event loop run (as any real caller, whose next take comes from I/O, does).
+        else await new Promise((resolve) => setImmediate(resolve));
       }
     });
     // The inner window: from after the first take has been answered until before the workers stop asking.

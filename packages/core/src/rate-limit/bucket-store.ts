@@ -56,30 +56,99 @@ export class MemoryBucketStore implements BucketStore {
   }
 }
 
+/** Most keys a {@link RedisBucketStore} remembers as short of tokens; the oldest entry makes room for a new one. */
+export const DENY_CACHE_SIZE = 10_000;
+/**
+ * Longest time (ms) a {@link RedisBucketStore} answers a key from memory before asking Redis again: a reset made
+ * elsewhere (another process, a deleted key) is seen within this time, however long the denial was.
+ */
+export const DENY_CACHE_MS = 1_000;
+
+/** What is remembered of a bucket known to be short of tokens (µs, monotonic clock). */
+interface Short {
+  /** When it is full again, counted from when the take was sent: never later than the real time. */
+  tat: number;
+  /** Earlier by a round trip: decides whether a take can be refused without asking Redis. */
+  low: number;
+  /** When to ask Redis again anyway. */
+  until: number;
+}
+
 export class RedisBucketStore implements BucketStore {
+  // Keys known to be short of tokens, with when their bucket refills on this process's monotonic clock (µs). A take
+  // whose cost a lower bound of that time already refuses is answered here without a round trip: it can only deny, and
+  // only what Redis would deny too, so the bucket never admits more than it allows. Bounded: oldest write goes first.
+  private readonly denied = new Map<string, Short>();
+  // Bumped by every reset(): a reply to a take sent before the reset no longer describes the bucket.
+  private resets = 0;
+
   constructor(
     private readonly client: RedisClient,
     private readonly prefix: string,
     private readonly params: GcraParams,
     private readonly timeout: number,
+    private readonly deniedMax = DENY_CACHE_SIZE,
   ) {}
 
-  async take(key: string, cost: number, commit: boolean): Promise<Decision> {
-    const name = keyStem(this.prefix, key);
+  take(key: string, cost: number, commit: boolean): Promise<Decision> {
+    if (commit && this.denied.size > 0) {
+      const short = this.denied.get(key);
+      if (short !== undefined) {
+        const now = nowUs();
+        if (now < short.until && !decide(this.params, short.low, now, cost, false).decision.allowed) {
+          return Promise.resolve(decide(this.params, short.tat, now, cost, false).decision);
+        }
+        // Expired, or the bound no longer refuses this cost (tokens may be back, or a smaller cost): ask Redis, whose
+        // answer replaces the entry.
+      }
+    }
+    return this.remote(key, cost, commit);
+  }
+
+  async reset(key: string): Promise<void> {
+    this.resets++;
+    this.denied.delete(key);
+    await this.call(() => this.client.del(keyStem(this.prefix, key)));
+  }
+
+  /** Keys currently remembered as short of tokens (at most `deniedMax`). */
+  get deniedSize(): number {
+    return this.denied.size;
+  }
+
+  private async remote(key: string, cost: number, commit: boolean): Promise<Decision> {
+    const sent = nowUs();
+    const resets = this.resets;
     const reply = (await this.call(() =>
-      TAKE.run(this.client, [name], [this.params.capacity, this.params.interval, cost, commit ? '1' : '0']),
-    )) as [number, number, number, number];
-    return {
+      TAKE.run(this.client, [keyStem(this.prefix, key)], [this.params.capacity, this.params.interval, cost, commit ? '1' : '0']),
+    )) as [number, number, number, number, number];
+    const decision: Decision = {
       allowed: reply[0] === 1,
       limit: this.params.capacity,
       remaining: reply[1],
       retryAfter: reply[2],
       resetAfter: reply[3],
     };
+    // Remember a bucket another take of this cost would find short (after a denial, or a grant that emptied it), and
+    // keep a remembered one up to date.
+    if (commit && resets === this.resets && (!decision.allowed || decision.remaining < cost || this.denied.has(key))) {
+      this.remember(key, sent, reply[4]);
+    }
+    return decision;
   }
 
-  async reset(key: string): Promise<void> {
-    await this.call(() => this.client.del(keyStem(this.prefix, key)));
+  private remember(key: string, sent: number, refill: number): void {
+    // The server read its clock `refill` µs before the bucket is full again, at some instant between `sent` and now:
+    // counted from `sent`, the refill time is never later than the real one, so the numbers of a local answer are
+    // never larger than Redis's would be. A request that reaches this process later reaches Redis later still, by up to
+    // a round trip like this one: the bound that decides whether to answer locally is that much earlier again.
+    const now = nowUs();
+    const tat = sent + refill;
+    const low = tat - (now - sent);
+    this.denied.delete(key);
+    if (low <= now) return;
+    if (this.denied.size >= this.deniedMax) this.denied.delete(this.denied.keys().next().value as string);
+    this.denied.set(key, { tat, low, until: now + DENY_CACHE_MS * 1_000 });
   }
 
   private async call<T>(op: () => Promise<T>): Promise<T> {
@@ -89,4 +158,9 @@ export class RedisBucketStore implements BucketStore {
       throw new RateLimitUnavailableError(`token bucket store failed: ${(error as Error).message}`, { cause: error });
     }
   }
+}
+
+// Whole microseconds on the monotonic clock: immune to wall-clock steps, the unit of the GCRA arithmetic.
+function nowUs(): number {
+  return Math.floor(performance.now() * 1_000);
 }

@@ -2,7 +2,8 @@
 import { Script } from '../redis/script.js';
 
 /**
- * Take (or peek at) `cost` tokens. Returns {allowed 0|1, remaining, retryAfter ms, resetAfter ms}.
+ * Take (or peek at) `cost` tokens. Returns {allowed 0|1, remaining, retryAfter ms, resetAfter ms, resetAfter µs}: the
+ * last, unrounded, lets the caller remember exactly when the bucket refills.
  * The key holds the TAT in µs and expires when the bucket is full again, so a full bucket leaves no key.
  */
 export const TAKE = new Script(`
@@ -40,5 +41,5 @@ end
 local remaining = math.floor((burst - (after - now)) / interval)
 local retryAfter = 0
 if not allowed then retryAfter = math.ceil((newTat - burst - now) / 1000) end
-return {allowed and 1 or 0, remaining, retryAfter, math.ceil((after - now) / 1000)}
+return {allowed and 1 or 0, remaining, retryAfter, math.ceil((after - now) / 1000), after - now}
 `);

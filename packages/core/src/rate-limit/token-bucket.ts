@@ -23,6 +23,14 @@ const MAX_REFILL_US = 2 ** 51;
  * full. On Redis each `take` is one script call that reads the server's clock, so app servers with skewed clocks agree,
  * and a bucket that is full again leaves no key behind.
  *
+ * On Redis, a key this object has seen short of tokens (a denial, or a take that emptied it) is remembered for up to
+ * its retry time (at most 1 s, for at most 10 000 keys): a take that bucket would certainly refuse is then answered
+ * from memory, with the same numbers aged on this process's clock, without a round trip, so a flooded key costs Redis a
+ * few calls per second instead of one per request. It only ever refuses, so nothing is admitted beyond the bucket's
+ * budget. The one cost: a reset made elsewhere (another process's `reset`, a deleted key) can go unseen here for up to
+ * 1 s; {@link TokenBucket.reset} on this object takes effect at once. A denial answered from memory resolves without
+ * any I/O, so a loop that retries at once must yield to the event loop (better: wait `retryAfter`).
+ *
  * @example
  * ```ts
  * import { TokenBucket } from '@hasp/core';

@@ -1,0 +1,167 @@
+// The Redis bucket's local memory of keys short of tokens: a flooded key costs few Redis calls, yet the bucket never
+// admits more than capacity + rate × elapsed, admits again as soon as tokens are back, and a reset clears it.
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TokenBucket } from '../../packages/core/src/index.js';
+import { RedisBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
+import { gcraParams } from '../../packages/core/src/rate-limit/gcra.js';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { uniquePrefix } from './helpers.js';
+
+let node: RedisNode;
+let admin: Redis;
+
+beforeAll(async () => {
+  node = await startRedis();
+  admin = node.client();
+});
+
+afterAll(async () => {
+  await stopAll();
+});
+
+/** Script calls (EVALSHA + EVAL) the server has run since its stats were last reset. */
+async function scriptCalls(): Promise<number> {
+  const info = await admin.info('commandstats');
+  let calls = 0;
+  for (const m of info.matchAll(/^cmdstat_(?:evalsha|eval):calls=(\d+),/gm)) calls += Number(m[1]);
+  return calls;
+}
+
+async function serverMicros(): Promise<number> {
+  const [s, us] = await admin.time();
+  return Number(s) * 1_000_000 + Number(us);
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+const turn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
+describe('TokenBucket on Redis: keys known to be short of tokens', () => {
+  it('answers a flooded key mostly without Redis, never admits more than capacity + rate × elapsed, and takes every token that comes back', async () => {
+    const capacity = 5;
+    const rate = 20;
+    const bucket = new TokenBucket({ capacity, rate, redis: admin, prefix: uniquePrefix('flood') });
+    await admin.config('RESETSTAT');
+    const runMs = 1_500;
+    let admitted = 0;
+    let takes = 0;
+    let firstDone!: () => void;
+    const first = new Promise<void>((resolve) => (firstDone = resolve));
+    const t0 = await serverMicros();
+    const deadline = performance.now() + runMs;
+    // 16 callers that never stop asking; each yields a macrotask per take so Redis replies and timers get their turn.
+    const workers = Array.from({ length: 16 }, async () => {
+      for (let i = 0; i < 5_000_000 && performance.now() < deadline; i++) {
+        takes++;
+        const d = await bucket.take('hot');
+        if (d.allowed) admitted++;
+        firstDone();
+        await turn();
+      }
+    });
+    await first;
+    const innerStart = await serverMicros();
+    await sleep(runMs - 300);
+    const innerEnd = await serverMicros();
+    await Promise.all(workers);
+    const t1 = await serverMicros();
+    const calls = await scriptCalls();
+
+    expect(admitted).toBeLessThanOrEqual(capacity + (rate * (t1 - t0)) / 1e6);
+    // Demand never stopped inside the inner window: every token that came back in it was taken.
+    expect(admitted).toBeGreaterThanOrEqual(Math.floor(capacity + (rate * (innerEnd - innerStart)) / 1e6) - 1);
+    expect(takes).toBeGreaterThan(2_000);
+    // Without the memory every take is a script call; with it, a few per token that comes back (the callers in
+    // flight when a denial runs out).
+    expect(calls).toBeLessThan(takes / 10);
+    expect(calls).toBeLessThan(admitted * 40);
+  });
+
+  it('answers a denial locally with the numbers Redis would give, and admits the first take after retryAfter', async () => {
+    const bucket = new TokenBucket({ capacity: 2, rate: '10/s', redis: admin, prefix: uniquePrefix('retry') });
+    for (let round = 0; round < 3; round++) {
+      const sent = performance.now();
+      expect(await bucket.take('k', 2)).toMatchObject({ allowed: true, remaining: 0 });
+      const roundTrip = performance.now() - sent;
+      await admin.config('RESETSTAT');
+      const local = await bucket.take('k');
+      const remote = await bucket.peek('k');
+      // The local answer made no Redis call; the peek did.
+      expect(await scriptCalls()).toBe(1);
+      expect(local).toMatchObject({ allowed: false, limit: 2, remaining: 0 });
+      // Counted from when the emptying take was sent: never above what Redis says a moment later, at most that take's
+      // round trip (and a millisecond of rounding) below it.
+      for (const field of ['retryAfter', 'resetAfter'] as const) {
+        expect(local[field]).toBeLessThanOrEqual(remote[field] + Math.ceil(performance.now() - sent));
+        expect(local[field]).toBeGreaterThanOrEqual(remote[field] - Math.ceil(roundTrip) - 1);
+      }
+      // So the first take after retryAfter (plus that round trip, and a timer that may fire a millisecond early) is
+      // admitted.
+      await sleep(local.retryAfter + Math.ceil(roundTrip) + 1);
+      expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 0 });
+      await sleep(200);
+    }
+  });
+
+  it('sends a smaller cost the memory cannot refuse to Redis', async () => {
+    const bucket = new TokenBucket({ capacity: 10, rate: '1/min', redis: admin, prefix: uniquePrefix('cost') });
+    expect(await bucket.take('w', 7)).toMatchObject({ allowed: true, remaining: 3 });
+    await admin.config('RESETSTAT');
+    expect(await bucket.take('w', 4)).toMatchObject({ allowed: false, remaining: 3 });
+    expect(await scriptCalls()).toBe(0);
+    expect(await bucket.take('w', 3)).toMatchObject({ allowed: true, remaining: 0 });
+    expect(await scriptCalls()).toBe(1);
+    const denied = await bucket.take('w', 0.5);
+    expect(denied).toMatchObject({ allowed: false, remaining: 0 });
+    expect(denied.retryAfter).toBeGreaterThan(29_000);
+    expect(await scriptCalls()).toBe(1);
+  });
+
+  it('forgets a key on reset through the same bucket, also when a take was in flight during the reset', async () => {
+    const bucket = new TokenBucket({ capacity: 2, rate: '1/h', redis: admin, prefix: uniquePrefix('reset') });
+    await bucket.take('k', 2);
+    expect((await bucket.take('k')).allowed).toBe(false);
+    await bucket.reset('k');
+    expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 1 });
+    // A take sent before a reset is answered after it: its denial describes the bucket before the reset.
+    // Frozen, the server runs the take and the DEL in the order they were written once it thaws.
+    node.pause();
+    const inFlight = bucket.take('k', 2);
+    await turn();
+    const reset = bucket.reset('k');
+    node.resume();
+    expect((await inFlight).allowed).toBe(false);
+    await reset;
+    expect(await bucket.take('k', 2)).toMatchObject({ allowed: true, remaining: 0 });
+  });
+
+  it('a reset elsewhere (another bucket object) is seen once the remembered denial runs out', async () => {
+    const prefix = uniquePrefix('elsewhere');
+    const a = new TokenBucket({ capacity: 1, rate: '5/s', redis: admin, prefix });
+    const b = new TokenBucket({ capacity: 1, rate: '5/s', redis: admin, prefix });
+    await a.take('k');
+    const denied = await a.take('k');
+    expect(denied.allowed).toBe(false);
+    await b.reset('k');
+    // The documented under-admission: `a` still refuses, for at most the denial's retryAfter.
+    expect((await a.take('k')).allowed).toBe(false);
+    await sleep(denied.retryAfter);
+    expect((await a.take('k')).allowed).toBe(true);
+  });
+
+  it('stays bounded: the oldest remembered key makes room for a new one', async () => {
+    const params = gcraParams(1, 1 / 3_600);
+    const store = new RedisBucketStore(admin, uniquePrefix('bounded'), params, 2_000, 50);
+    for (let i = 0; i < 200; i++) {
+      expect((await store.take(`k${i}`, 1, true)).allowed).toBe(true);
+      expect(store.deniedSize).toBeLessThanOrEqual(50);
+    }
+    expect(store.deniedSize).toBe(50);
+    await admin.config('RESETSTAT');
+    // The newest 50 are answered here, the oldest ones by Redis.
+    for (let i = 150; i < 200; i++) expect((await store.take(`k${i}`, 1, true)).allowed).toBe(false);
+    expect(await scriptCalls()).toBe(0);
+    expect((await store.take('k0', 1, true)).allowed).toBe(false);
+    expect(await scriptCalls()).toBe(1);
+  });
+});
