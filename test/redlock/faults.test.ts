@@ -84,6 +84,25 @@ describe('Redlock with a minority of nodes down', () => {
     expect(await next.release()).toBe(true);
   });
 
+  it('release reports a held lease as freed when some of its nodes went down, and not when a majority lost it', async () => {
+    const prefix = freshPrefix('release-down');
+    const { locker, clients } = redlock({ prefix });
+    await nodes.kill([3, 4], [clients]);
+    const lease = await locker.acquire('k', { ttl: 10_000 });
+    expect(await nodes.holders(prefix, 'k')).toEqual([0, 1, 2]);
+    // Nodes 3 and 4 come back empty (they never had it) and two of the lease's nodes go down: one node can confirm.
+    await nodes.restart([3, 4], [clients]);
+    await nodes.kill([1, 2], [clients]);
+    expect(await lease.release()).toBe(true);
+    expect(await nodes.holders(prefix, 'k')).toEqual([]);
+
+    await nodes.restart([1, 2], [clients]);
+    const other = await locker.acquire('k2', { ttl: 10_000 });
+    await until(async () => (await nodes.holders(prefix, 'k2')).length === 5, 2_000, 'the lock on every node');
+    await Promise.all([0, 1, 2].map((i) => nodes.admins[i]!.del(lockNames(prefix, 'k2').lock)));
+    expect(await other.release()).toBe(false);
+  });
+
   it('does not wait for paused nodes: acquire, extend and release settle at the quorum, well within nodeTimeout', async () => {
     const prefix = freshPrefix('paused');
     const nodeTimeout = 1_000;

@@ -83,7 +83,7 @@ export class RedlockStore implements LockStore {
     this.live.get(token)?.();
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
-    // Release goes to every node, including those that never answered the acquire; it settles once the answer is
+    // Release goes to every node, including those that never answered the acquire, and settles once the answer is
     // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
     const outcomes = await gather(
       this.clients.map((c) =>
@@ -91,12 +91,17 @@ export class RedlockStore implements LockStore {
       ),
       (o) => {
         const freed = count(o, (v) => v === 1);
-        return freed >= q || freed + pendingCount(o) < q;
+        const failed = o.filter((x) => x !== undefined && !x.ok).length;
+        const pending = pendingCount(o);
+        return freed >= q || failed > this.clients.length - q || pending === 0 || freed + failed + pending < q;
       },
     );
+    // Without answers from a quorum the outcome is unknown: the caller may retry (nodes that answered return 0 then).
+    if (values(outcomes).length < q) throw this.unavailable('release', outcomes);
+    // Held, as far as anyone can tell: freed somewhere, and no quorum of nodes answered that it no longer held it
+    // (nodes that are down may still hold it, as they did when it was acquired).
     const freed = count(outcomes, (v) => v === 1);
-    if (values(outcomes).length < q && freed === 0) throw this.unavailable('release', outcomes);
-    return freed >= q;
+    return freed > 0 && freed + outcomes.filter((o) => o === undefined || !o.ok).length >= q;
   }
 
   async listen(key: string, wake: (next: string) => void): Promise<() => void> {
