@@ -17,7 +17,7 @@ import { ACQUIRE, EXTEND, RAISE_FENCE, RELEASE } from './scripts.lua.js';
 import type { AttemptResult, LockStore } from './store.js';
 
 /** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
-const MIN_NODE_TIMEOUT_MS = 50;
+const MIN_NODE_TIMEOUT_MS = 100;
 
 /** Allowance for long keys in the per-node timeout: 1 ms per this many characters of the key's Redis name. */
 const KEY_BYTES_PER_MS = 2_048;
