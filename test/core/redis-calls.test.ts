@@ -3,6 +3,7 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LockUnavailableError, RedisLock, Redlock, type Lease } from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { rejection, uniquePrefix, until, within } from './helpers.js';
 
@@ -165,5 +166,45 @@ describe('Redis calls', () => {
     for (const c of clients) c.disconnect();
     await a.stop();
     await b.stop();
+  });
+
+  it('publishes a release only when a waiter is queued, and then wakes it at once', async () => {
+    const client = node.client();
+    await client.ping();
+    const prefix = uniquePrefix('publish');
+    const locks = new RedisLock(client, { prefix });
+    await (await locks.acquire('warm')).release();
+    await admin.config('RESETSTAT');
+    for (let i = 0; i < 20; i++) expect(await (await locks.acquire('k')).release()).toBe(true);
+    expect((await commandStats('publish')).calls).toBe(0);
+    const held = await locks.acquire('k');
+    const waiter = locks.acquire('k', { wait: 10_000 });
+    // The waiter is in line (and so listening: it queues before it subscribes, and subscribes before it sleeps).
+    await until(async () => (await admin.zcard(lockNames(prefix, 'k').queue)) === 1, 2_000, 'the waiter to queue');
+    const released = performance.now();
+    await held.release();
+    const next = await within(waiter, 2_000, 'the waiter');
+    // Woken by the release, not by its 1 s poll.
+    expect(performance.now() - released).toBeLessThan(500);
+    expect(next.fence).toBeGreaterThan(held.fence);
+    expect((await commandStats('publish')).calls).toBe(1);
+    await next.release();
+    locks.close();
+    client.disconnect();
+  });
+
+  it('hands out a fence above a stored fence that is ahead of the server clock', async () => {
+    const prefix = uniquePrefix('ahead');
+    const locks = new RedisLock(admin, { prefix });
+    const ahead = 9_000_000_000_000_000;
+    await admin.set(lockNames(prefix, 'k').fence, String(ahead), 'PX', 60_000);
+    const first = await locks.acquire('k');
+    expect(first.fence).toBe(ahead + 1);
+    await first.release();
+    const second = await locks.acquire('k');
+    expect(second.fence).toBe(ahead + 2);
+    expect(await admin.get(lockNames(prefix, 'k').fence)).toBe(String(ahead + 2));
+    await second.release();
+    locks.close();
   });
 });

@@ -82,11 +82,14 @@ if floor == '' then
 else
   fence = tonumber(floor)
 end
-local last = tonumber(redis.call('GET', fenceKey) or '0')
-if fence <= last then fence = last + 1 end
--- %d keeps all digits; Lua's default number format would round them away.
+-- %d keeps all digits; Lua's default number format would round them away. Written and read back in one command: the
+-- stored fence is nearly always behind the clock, and only otherwise is it written a second time.
 local f = string.format('%d', fence)
-redis.call('SET', fenceKey, f, 'PX', ttl + retention)
+local last = tonumber(redis.call('SET', fenceKey, f, 'PX', ttl + retention, 'GET') or '0')
+if fence <= last then
+  f = string.format('%d', last + 1)
+  redis.call('SET', fenceKey, f, 'PX', ttl + retention)
+end
 redis.call('HSET', lockKey, 't', token, 'o', owner, 'n', 1, 'f', f)
 redis.call('PEXPIRE', lockKey, ttl)
 return {1, token, f, ttl}
@@ -108,8 +111,9 @@ return pttl
 `);
 
 /**
- * Drop one hold of `token`; at zero, delete the lock and wake waiters, naming the first live waiter (or '' for all).
- * 1 when the token held the lock, else 0.
+ * Drop one hold of `token`; at zero, delete the lock and wake waiters: with a queue, the first live waiter by name (and
+ * nobody when none is queued: every waiter queues before it listens); without one (Redlock), everyone (''). 1 when the
+ * token held the lock, else 0.
  */
 export const RELEASE = new Script(`
 local lockKey = KEYS[1]        -- the lock hash
@@ -119,12 +123,17 @@ local token = ARGV[1]          -- the holder's token
 local channel = ARGV[2]        -- wake-up channel of this key
 local queue = ARGV[3]          -- '' when the queue is not used (Redlock)
 ${FIRST_LIVE}
-if redis.call('HGET', lockKey, 't') ~= token then return 0 end
-if redis.call('HINCRBY', lockKey, 'n', -1) > 0 then return 1 end
+local cur = redis.call('HMGET', lockKey, 't', 'n')
+if cur[1] ~= token then return 0 end
+if cur[2] ~= '1' and redis.call('HINCRBY', lockKey, 'n', -1) > 0 then return 1 end
 redis.call('DEL', lockKey)
-local head = ''
-if queue ~= '' then head = firstLive(queueKey, deadlinesKey) or '' end
-redis.call('PUBLISH', channel, head)
+if queue == '' then
+  redis.call('PUBLISH', channel, '')
+else
+  -- A waiter that fell out of the line (no attempt for the heartbeat) is not woken here: it polls and re-attempts.
+  local head = firstLive(queueKey, deadlinesKey)
+  if head then redis.call('PUBLISH', channel, head) end
+end
 return 1
 `);
 
