@@ -1,7 +1,7 @@
 // RedisLock against a real redis-server beyond the shared contract: a dead or frozen server, and where keys and
 // channels live in Redis.
 import type { Redis } from 'ioredis';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
   LockLostError,
   LockUnavailableError,
@@ -11,6 +11,7 @@ import {
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { HOSTILE_KEYS } from './fixtures.js';
+import { trackUnhandled } from '../redlock/support.js';
 import { abortReason, rejection, uniquePrefix, until, within } from './helpers.js';
 
 afterAll(async () => {
@@ -38,11 +39,19 @@ describe('RedisLock when Redis fails', () => {
     return { redis, locks };
   };
 
+  // Failures in the background (auto-extension, a late hand-back) must never surface as unhandled rejections.
+  let unhandled: ReturnType<typeof trackUnhandled>;
+
   beforeAll(async () => {
     node = await startRedis();
   });
 
+  beforeEach(() => {
+    unhandled = trackUnhandled();
+  });
+
   afterEach(async () => {
+    unhandled.stop();
     for (const l of lockers.splice(0)) l.close();
     for (const c of clients.splice(0)) c.disconnect();
     // Leave the node running and answering for the next test, whatever this one did to it.
@@ -58,6 +67,7 @@ describe('RedisLock when Redis fails', () => {
       .catch(() => 'down');
     probe.disconnect();
     if (up !== 'PONG') await node.restart();
+    expect(unhandled.reasons).toEqual([]);
   });
 
   it('rejects LockUnavailableError at once while the server is down, and works again after a restart', async () => {
