@@ -1,8 +1,14 @@
 // The 429 of rateLimit as an http-errors error: same shape as every other HttpError, made without a stack trace.
+import { createRequire } from 'node:module';
 import { describe, expect, it } from 'vitest';
-// The copy core itself resolves, so instanceof compares against the same class.
-import createError from '../../packages/core/node_modules/http-errors/index.js';
 import { rateLimitedError } from '../../packages/core/src/http/errors.js';
+
+// The copy of http-errors core itself resolves, so instanceof compares against the same class.
+const createError = createRequire(new URL('../../packages/core/package.json', import.meta.url))('http-errors') as {
+  (status: number, message: string): Error;
+  HttpError: abstract new () => Error;
+  isHttpError(value: unknown): boolean;
+};
 
 describe('rateLimitedError', () => {
   const decision = { allowed: false, limit: 3, remaining: 0, retryAfter: 1_500, resetAfter: 4_500 };
