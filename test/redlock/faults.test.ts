@@ -120,6 +120,9 @@ describe('Redlock with a minority of nodes down', () => {
       expect(extended.error).toBeUndefined();
       expect(released.value).toBe(true);
       // Each settles once the live nodes answered, not after the paused nodes' timeout (generous slack for load).
+      console.log(
+        `${paused.length} paused: acquire ${acquired.ms.toFixed(0)} ms, extend ${extended.ms.toFixed(0)} ms, release ${released.ms.toFixed(0)} ms`,
+      );
       for (const t of [acquired, extended, released]) expect(t.ms).toBeLessThan(nodeTimeout * 0.8);
       nodes.resume(paused);
       // The paused nodes run the queued acquire (a late grant of the lease, kept) and then the queued release.
@@ -253,6 +256,7 @@ describe('Redlock without a quorum', () => {
     ];
     for (const [what, call] of calls) {
       const t = await timed(() => within(call(), 10_000, what));
+      console.log(`3 killed: ${what} failed in ${t.ms.toFixed(0)} ms`);
       expectUnavailable(t.error);
       expect(t.ms, what).toBeLessThan(bound);
       expect(await nodes.holders(prefix, 'k'), `${what} left no lock on the live nodes`).toEqual([]);
@@ -272,6 +276,7 @@ describe('Redlock without a quorum', () => {
     nodes.pause([0, 2, 4]);
 
     const t = await timed(() => within(locker.acquire('k', { ttl: 30_000 }), 10_000, 'acquire'));
+    console.log(`3 paused, nodeTimeout ${settings.nodeTimeout} ms: acquire failed in ${t.ms.toFixed(0)} ms`);
     expectUnavailable(t.error);
     // Each of the three rounds waits one node timeout for the paused nodes; nothing waits longer.
     expect(t.ms).toBeGreaterThanOrEqual((settings.retryCount + 1) * settings.nodeTimeout - 5);
@@ -295,6 +300,7 @@ describe('Redlock without a quorum', () => {
     nodes.pause([1, 2, 3]);
     // Default ttl 30 s: nodeTimeout 300 ms, 3 rounds, 2 retry delays of 50-100 ms.
     const t = await timed(() => within(locker.acquire('k', { wait: 10_000 }), 10_000, 'acquire'));
+    console.log(`3 paused, default options: acquire failed in ${t.ms.toFixed(0)} ms`);
     expectUnavailable(t.error);
     expect(t.ms).toBeGreaterThanOrEqual(3 * 300 - 5);
     expect(t.ms).toBeLessThan(1_100 + 1_500);
