@@ -1,8 +1,8 @@
 // rateLimit() for Express: a token bucket per key, the RateLimit fields on every response, a 429 to next(err) on denial.
 import type { Decision } from '@hasp/core';
 import { clientIpKey, RateLimiter } from '@hasp/core/http';
-import type { NextFunction, Request, RequestHandler, Response } from 'express';
-import type { RateLimitHandler, RateLimitOptions } from './types.js';
+import type { NextFunction, Request, Response } from 'express';
+import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, RateLimitHandler, RateLimitOptions } from './types.js';
 
 // Express computes req.ip from the socket, or from X-Forwarded-For only as far as `trust proxy` allows.
 const ipKey = (req: Request): string => clientIpKey(req.ip);
@@ -16,9 +16,20 @@ const ipKey = (req: Request): string => clientIpKey(req.ip);
  * ```ts
  * app.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (req) => req.body.phone, policy: 'sms' }), send);
  * ```
+ * @typeParam P - route parameters, as in Express's `RequestHandler` (inferred from the route's path when used in a
+ *   route); likewise `ResBody`, `ReqBody`, `ReqQuery` and `Locals`
  */
-export function rateLimit(options: RateLimitOptions): RequestHandler {
-  const limiter = new RateLimiter<Request, RateLimitHandler>(options, ipKey, 'rateLimit');
+/* eslint-disable @typescript-eslint/no-explicit-any -- Express's own defaults for bodies and locals */
+export function rateLimit<
+  P = DefaultParams,
+  ResBody = any,
+  ReqBody = any,
+  ReqQuery = DefaultQuery,
+  Locals extends Record<string, any> = DefaultLocals,
+>(options: RateLimitOptions<P, ResBody, ReqBody, ReqQuery, Locals>): RouteMiddleware {
+  /* eslint-enable @typescript-eslint/no-explicit-any */
+  // Inside, the request types do not matter: the user's functions get the request they were typed for.
+  const limiter = new RateLimiter<Request, RateLimitHandler>(options as unknown as RateLimitOptions, ipKey, 'rateLimit');
   const handler = limiter.handler;
   const headers = limiter.headers;
 
@@ -57,5 +68,5 @@ export function rateLimit(options: RateLimitOptions): RequestHandler {
 
   return function rateLimitMiddleware(req: Request, res: Response, next: NextFunction): void {
     void limit(req, res, next);
-  };
+  } as RouteMiddleware;
 }

@@ -1,8 +1,8 @@
 // withLock() for Express: holds a per-key lock while the request is handled, released when the response is ended.
 import { LockGuard, type HeldLock } from '@hasp/core/http';
-import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import type { NextFunction, Request, Response } from 'express';
 import { releaseOnEnd } from './release-on-end.js';
-import type { RequestKey, WithLockOptions } from './types.js';
+import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, RequestKey, WithLockOptions } from './types.js';
 
 /**
  * Runs the rest of the route holding the lock on `key(req)`; busy: `next(err)` with a 423 (`code: 'LOCK_BUSY'`,
@@ -22,9 +22,20 @@ import type { RequestKey, WithLockOptions } from './types.js';
  * ```ts
  * app.post('/orders/:id/pay', withLock((req) => `order:${req.params.id}`, { redis }), pay);
  * ```
+ * @typeParam P - route parameters, as in Express's `RequestHandler` (inferred from the route's path when used in a
+ *   route, so `req.params.id` is a `string` in the key function and in the handlers after it); likewise `ResBody`,
+ *   `ReqBody`, `ReqQuery` and `Locals`
  */
-export function withLock(key: RequestKey, options?: WithLockOptions): RequestHandler {
-  const guard = new LockGuard<Request>(key, options, 'withLock');
+/* eslint-disable @typescript-eslint/no-explicit-any -- Express's own defaults for bodies and locals */
+export function withLock<
+  P = DefaultParams,
+  ResBody = any,
+  ReqBody = any,
+  ReqQuery = DefaultQuery,
+  Locals extends Record<string, any> = DefaultLocals,
+>(key: RequestKey<P, ResBody, ReqBody, ReqQuery, Locals>, options?: WithLockOptions): RouteMiddleware {
+  /* eslint-enable @typescript-eslint/no-explicit-any */
+  const guard = new LockGuard<Request>(key as unknown as RequestKey, options, 'withLock');
 
   async function lock(req: Request, res: Response, next: NextFunction): Promise<void> {
     let held: HeldLock | undefined;
@@ -50,5 +61,5 @@ export function withLock(key: RequestKey, options?: WithLockOptions): RequestHan
 
   return function withLockMiddleware(req: Request, res: Response, next: NextFunction): void {
     void lock(req, res, next);
-  };
+  } as RouteMiddleware;
 }
