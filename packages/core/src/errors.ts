@@ -55,7 +55,12 @@ export class LockLostError extends HaspError {
   }
 }
 
-/** The rate-limit store failed and the configured policy is to refuse (see `onStoreError: 'closed'`). */
+/**
+ * Redis could not answer a token-bucket call: `TokenBucket.take`, `peek` and `reset` reject with it on any Redis failure
+ * (an error reply, a lost or closed connection, no answer within the bucket's `timeout`); `cause` holds the underlying
+ * error. The rate-limit middleware catches it and applies `onStoreError`; under `'closed'` the client gets a 503 with
+ * the same code, `RATE_LIMIT_UNAVAILABLE`.
+ */
 export class RateLimitUnavailableError extends HaspError {
   constructor(message: string, options?: { cause?: unknown }) {
     super('RATE_LIMIT_UNAVAILABLE', message, options);

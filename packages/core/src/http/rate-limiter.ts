@@ -51,8 +51,10 @@ export interface RateLimitBaseOptions<Arg> {
    */
   headers?: boolean;
   /**
-   * The policy name in those fields (printable ASCII). Buckets built from `capacity`/`rate` are stored under it, so
-   * limiters with the same policy name share a budget per key.
+   * The policy name in those fields (printable ASCII). On Redis, buckets built from `capacity`/`rate` are stored under
+   * it (`hasp:tb:<policy>:{<key>}`), so limiters with the same policy name on the same Redis share a budget per key;
+   * give each limiter its own name unless that is what you want. In memory every limiter has its own buckets whatever
+   * its name: to share one, pass the same `bucket`.
    * @default 'default'
    */
   policy?: string;
