@@ -22,6 +22,9 @@ const MIN_NODE_TIMEOUT_MS = 100;
 /** Allowance for long keys in the per-node timeout: 1 ms per this many characters of the key's Redis name. */
 const KEY_BYTES_PER_MS = 2_048;
 
+// Results of rounds that ended in a split vote (no token reached the quorum, and not because the key is held).
+const SPLIT_VOTES = new WeakSet<AttemptResult>();
+
 type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown } | undefined;
 
 export interface RedlockSettings {
@@ -55,8 +58,14 @@ export class RedlockStore implements LockStore {
   async attempt(key: string, _token: string, owner: string, ttl: number): Promise<AttemptResult> {
     for (let retry = 0; ; retry++) {
       const result = await this.attemptOnce(key, owner, ttl);
-      if (!(result instanceof Error)) return result;
-      if (retry >= this.s.retryCount) throw result;
+      // A split vote means nobody holds the key: retry it here like a node failure, so that two callers colliding
+      // with `wait: 0` (a double submit) do not both walk away busy from a free key.
+      const split = !(result instanceof Error) && SPLIT_VOTES.has(result);
+      if (!(result instanceof Error) && !split) return result;
+      if (retry >= this.s.retryCount) {
+        if (split) return result;
+        throw result;
+      }
       await delay(this.s.retryDelay + Math.random() * this.s.retryDelay);
     }
   }
@@ -210,7 +219,10 @@ export class RedlockStore implements LockStore {
       if (failed > total - q) result = this.unavailable('acquire', outcomes);
       else if (busy.length > total - q) result = { ok: false, pttl: Math.min(...busy) };
       // A split vote (no holder has a quorum): the caller tries again after a pause, as Redlock prescribes.
-      else result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
+      else {
+        result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
+        SPLIT_VOTES.add(result);
+      }
     }
 
     const keep = !(result instanceof Error) && result.ok ? result.token : undefined;
