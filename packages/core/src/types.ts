@@ -149,8 +149,8 @@ export interface RedlockOptions extends RedisLockOptions {
    */
   nodeTimeout?: number;
   /**
-   * Further attempts after an attempt failed for lack of quorum because nodes were down or slow
-   * (busy keys are retried within `wait` instead).
+   * Further attempts after an attempt failed for lack of quorum because nodes were down or slow, or because the vote
+   * split (racing callers each won a minority of a free key). Busy keys are retried within `wait` instead.
    * @default 2
    */
   retryCount?: number;
