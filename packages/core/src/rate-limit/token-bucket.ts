@@ -92,6 +92,10 @@ export class TokenBucket {
 
   /**
    * Takes `cost` tokens from `key`'s bucket if it has them; a denial consumes nothing.
+   * On Redis, a take that timed out (or was cut off by a reconnect, which makes ioredis send it again) may still be
+   * applied when the server answers later: its tokens are then spent although the caller was told Redis was
+   * unavailable. This errs on the side of refusing, by at most one take per failed call; it is not refunded, since a
+   * refund could hand back tokens the bucket would have lost to its capacity in the meantime.
    * @throws RangeError for an empty key or a cost that is not > 0 or exceeds the capacity;
    *   {@link RateLimitUnavailableError} when Redis cannot answer
    */
