@@ -207,4 +207,33 @@ describe('Redis calls', () => {
     await second.release();
     locks.close();
   });
+
+  it('lets a waiter on a key waited on lately listen first: one refused attempt, then woken by the release', async () => {
+    const client = node.client();
+    await client.ping();
+    const prefix = uniquePrefix('hot');
+    const locks = new RedisLock(client, { prefix });
+    const queued = (n: number) => until(async () => (await admin.zcard(lockNames(prefix, 'k').queue)) === n, 2_000, 'the queue');
+    const first = await locks.acquire('k');
+    // A cold key: attempt, subscribe, attempt again.
+    const second = locks.acquire('k', { wait: 10_000 });
+    await queued(1);
+    await first.release();
+    const held = await second;
+    // Now the key is hot: the next waiter listens before its attempt and sends only that one before sleeping.
+    await admin.config('RESETSTAT');
+    const third = locks.acquire('k', { wait: 10_000 });
+    await queued(1);
+    expect((await commandStats('evalsha')).calls).toBe(1);
+    const released = performance.now();
+    await held.release();
+    const last = await within(third, 2_000, 'the hot waiter');
+    expect(performance.now() - released).toBeLessThan(500);
+    expect(last.fence).toBeGreaterThan(held.fence);
+    // Its attempt, the release, its attempt once woken.
+    expect((await commandStats('evalsha')).calls).toBe(3);
+    await last.release();
+    locks.close();
+    client.disconnect();
+  });
 });

@@ -14,6 +14,10 @@ export const LOCKER_DEFAULTS = { ttl: 30_000, wait: 0 } as const;
 const MAX_POLL_MS = 1_000;
 // Poll interval when wake-ups are not available (subscriber down).
 const FALLBACK_POLL_MS = 50;
+// How long after a wait on a key a new waiter on it listens before its first attempt (wake-up channels linger a while
+// after their last listener, so this costs no round trip), and how many such keys a locker remembers.
+const RECENT_WAIT_MS = 1_000;
+const RECENT_WAIT_KEYS = 1_024;
 
 export interface ResolvedLockerOptions {
   ttl: number;
@@ -41,6 +45,8 @@ interface CallOptions {
 /** Shared Locker implementation over a {@link LockStore}. */
 export abstract class BaseLocker implements Locker {
   protected readonly defaults: ResolvedLockerOptions;
+  // Keys this locker waited on lately, with when.
+  private readonly recentWaits = new Map<string, number>();
 
   protected constructor(
     protected readonly store: LockStore,
@@ -110,7 +116,23 @@ export abstract class BaseLocker implements Locker {
     const queue = o.wait > 0;
     let acquired = false;
     let storeFailed = false;
+    const onWake = (next: string) => {
+      // A release names the waiter it is handed to; the others keep sleeping.
+      if (next !== '' && next !== token) return;
+      woken = true;
+      wake?.();
+    };
     try {
+      if (queue && this.waitedLately(key)) {
+        // A hot key: listen first, so a refused attempt can sleep at once. The usual order (attempt, listen, attempt
+        // again) needs the second attempt because a release between the first and the subscription would be missed.
+        listening = true;
+        try {
+          stopListening = await this.store.listen(key, onWake);
+        } catch {
+          stopListening = undefined; // wake-ups unavailable: poll (without trying to listen again)
+        }
+      }
       for (;;) {
         woken = false;
         const started = this.store.now();
@@ -131,13 +153,9 @@ export abstract class BaseLocker implements Locker {
         if (!listening) {
           // Subscribe, then try again at once: a release between our attempt and the subscription is not missed.
           listening = true;
+          this.noteWait(key);
           try {
-            stopListening = await this.store.listen(key, (next) => {
-              // A release names the waiter it is handed to; the others keep sleeping.
-              if (next !== '' && next !== token) return;
-              woken = true;
-              wake?.();
-            });
+            stopListening = await this.store.listen(key, onWake);
             continue;
           } catch {
             stopListening = undefined; // wake-ups unavailable: poll
@@ -179,6 +197,22 @@ export abstract class BaseLocker implements Locker {
         if (!storeFailed) await leaving;
       }
     }
+  }
+
+  private waitedLately(key: string): boolean {
+    const at = this.recentWaits.get(key);
+    if (at === undefined) return false;
+    if (this.store.now() - at < RECENT_WAIT_MS) {
+      this.recentWaits.set(key, this.store.now());
+      return true;
+    }
+    this.recentWaits.delete(key);
+    return false;
+  }
+
+  private noteWait(key: string): void {
+    if (this.recentWaits.size >= RECENT_WAIT_KEYS) this.recentWaits.clear();
+    this.recentWaits.set(key, this.store.now());
   }
 
   private lease(key: string, result: Extract<AttemptResult, { ok: true }>, started: number, ttl: number): LeaseImpl {
