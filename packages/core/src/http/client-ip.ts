@@ -14,6 +14,18 @@ export function clientIpKey(ip: string | undefined | null): string {
   if (typeof ip !== 'string' || ip.length === 0) return UNKNOWN_CLIENT;
   // Fast path: IPv4 (the common case) has no colon.
   if (ip.indexOf(':') === -1) return ip;
+  // Second fast path: an IPv4 client of a dual-stack server, as Node reports it ('::ffff:a.b.c.d').
+  if (ip.startsWith('::ffff:')) {
+    const m = IPV4.exec(ip.slice(7));
+    if (m) {
+      const a = Number(m[1]);
+      const b = Number(m[2]);
+      const c = Number(m[3]);
+      const d = Number(m[4]);
+      if (a <= 255 && b <= 255 && c <= 255 && d <= 255) return `${a}.${b}.${c}.${d}`;
+      return ip;
+    }
+  }
   const groups = parseIPv6(ip);
   if (groups === undefined) return ip;
   if (groups[0] === 0 && groups[1] === 0 && groups[2] === 0 && groups[3] === 0 && groups[4] === 0 && groups[5] === 0xffff) {
