@@ -236,4 +236,34 @@ describe('Redis calls', () => {
     locks.close();
     client.disconnect();
   });
+
+  it('fails a batch in flight when the server dies, then works again on the same client after a restart', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await client.ping();
+    const locks = new RedisLock(client, { prefix: uniquePrefix('killed'), timeout: 1_000 });
+    await (await locks.acquire('warm')).release();
+    const started = performance.now();
+    const calls = Array.from({ length: 50 }, (_, i) =>
+      locks.acquire(`k${i}`, { ttl: 30_000 }).then(
+        () => 'lease' as const,
+        (error: unknown) => error,
+      ),
+    );
+    await own.kill();
+    // Killed before or after its reply was read, every call either failed on time or got a lease: none hangs.
+    const outcomes = await within(Promise.all(calls), 3_000, 'the calls in flight');
+    expect(performance.now() - started).toBeLessThan(2_500);
+    for (const error of outcomes) if (error !== 'lease') expect(error).toBeInstanceOf(LockUnavailableError);
+    await own.restart();
+    await within(
+      new Promise<void>((resolve) => (client.status === 'ready' ? resolve() : client.once('ready', () => resolve()))),
+      5_000,
+      'the client to reconnect',
+    );
+    const lease = await locks.acquire('after');
+    expect(await lease.release()).toBe(true);
+    locks.close();
+    await own.stop();
+  });
 });
