@@ -33,22 +33,18 @@ export function rateLimit<
   const handler = limiter.handler;
   const headers = limiter.headers;
 
-  async function limit(req: Request, res: Response, next: NextFunction): Promise<void> {
-    let d: Decision | undefined;
-    try {
-      d = await limiter.check(req);
-      if (d !== undefined) {
-        req.rateLimit = d;
-        // Throws when an earlier middleware already sent the headers: that must reach next(err), not become an
-        // unhandled rejection of this detached async function.
-        if (headers || !d.allowed) limiter.setHeaders(res, d);
-      }
-    } catch (error) {
-      next(error);
-      return;
-    }
+  function decided(req: Request, res: Response, next: NextFunction, d: Decision | undefined): void {
     if (d === undefined) {
       next();
+      return;
+    }
+    req.rateLimit = d;
+    try {
+      // Throws when an earlier middleware already sent the headers: that must reach next(err), not become an
+      // unhandled rejection of the detached promise chain.
+      if (headers || !d.allowed) limiter.setHeaders(res, d);
+    } catch (error) {
+      next(error);
       return;
     }
     if (d.allowed) {
@@ -59,14 +55,21 @@ export function rateLimit<
       next(limiter.deniedError(d, res));
       return;
     }
+    let out: unknown;
     try {
-      await handler(req, res, next, d);
+      out = handler(req, res, next, d);
     } catch (error) {
       next(error);
+      return;
     }
+    if (typeof (out as PromiseLike<unknown> | null)?.then === 'function') Promise.resolve(out).catch(next);
   }
 
+  // A plain promise chain rather than an async function: this runs for every request.
   return function rateLimitMiddleware(req: Request, res: Response, next: NextFunction): void {
-    void limit(req, res, next);
+    void limiter.check(req).then(
+      (d) => decided(req, res, next, d),
+      (error: unknown) => next(error),
+    );
   } as RouteMiddleware;
 }

@@ -75,6 +75,7 @@ export interface HeaderTarget {
   setHeader(name: string, value: string): unknown;
 }
 
+const NOT_LIMITED: Promise<undefined> = Promise.resolve(undefined);
 const OPTIONS = ['capacity', 'rate', 'redis', 'bucket', 'key', 'cost', 'headers', 'policy', 'onStoreError', 'handler'] as const;
 const POLICIES: readonly StoreErrorPolicy[] = ['memory', 'open', 'closed'];
 /** Prefix of the Redis keys of buckets the middleware builds itself: `hasp:tb:<policy>:{<key>}`. */
@@ -193,30 +194,34 @@ export class RateLimiter<Arg, H = never> {
    * @throws a 500 `http-errors` error (`INVALID_KEY`/`INVALID_COST`) for a bad key or cost, before anything is written;
    *   a 503 (`RATE_LIMIT_UNAVAILABLE`) when Redis failed under `'closed'`
    */
-  async check(arg: Arg): Promise<Decision | undefined> {
-    let key: string | undefined;
-    if (this.keyFn !== undefined) {
-      const k = callKey(this.where, this.keyFn, arg);
-      key = typeof k === 'object' ? await k : k;
-    } else {
-      key = this.staticKey ?? this.defaultKey(arg);
+  check(arg: Arg): Promise<Decision | undefined> {
+    // Plain promise chains rather than async functions: this runs for every request, and each async layer costs a few
+    // promises and microtask turns. Synchronous throws (a key or cost function's 500) become rejections.
+    try {
+      const key = this.keyFn !== undefined ? callKey(this.where, this.keyFn, arg) : (this.staticKey ?? this.defaultKey(arg));
+      if (typeof key === 'object') return key.then((k) => this.withKey(k, arg));
+      return this.withKey(key, arg);
+    } catch (error) {
+      return Promise.reject(error);
     }
-    if (key === undefined) return undefined;
-    let cost = this.cost;
-    if (this.costFn !== undefined) {
-      const c = callCost(this.where, this.costFn, arg, this.bucket.capacity);
-      cost = typeof c === 'number' ? c : await c;
-    }
+  }
+
+  private withKey(key: string | undefined, arg: Arg): Promise<Decision | undefined> {
+    if (key === undefined) return NOT_LIMITED;
+    if (this.costFn === undefined) return this.take(key, this.cost);
+    const c = callCost(this.where, this.costFn, arg, this.bucket.capacity);
+    return typeof c === 'number' ? this.take(key, c) : c.then((cost) => this.take(key, cost));
+  }
+
+  private take(key: string, cost: number): Promise<Decision | undefined> {
     const guard = this.guard;
     if (guard === undefined) return this.bucket.take(key, cost);
     if (!guard.usable()) return this.degraded(guard, key, cost, undefined);
-    try {
-      return await this.bucket.take(key, cost);
-    } catch (error) {
+    return this.bucket.take(key, cost).then(undefined, (error: unknown) => {
       if (!isStoreError(error)) throw error;
       guard.failed();
       return this.degraded(guard, key, cost, error);
-    }
+    });
   }
 
   /**

@@ -116,25 +116,28 @@ export class RedisBucketStore implements BucketStore {
     return this.denied.size;
   }
 
-  private async remote(key: string, cost: number, commit: boolean): Promise<Decision> {
+  private remote(key: string, cost: number, commit: boolean): Promise<Decision> {
     const sent = nowUs();
     const resets = this.resets;
-    const reply = (await this.call(() =>
+    // A plain chain rather than async functions: this runs for every take.
+    return this.call(() =>
       TAKE.run(this.client, [keyStem(this.prefix, key)], [this.params.capacity, this.params.interval, cost, commit ? '1' : '0']),
-    )) as [number, number, number, number, number];
-    const decision: Decision = {
-      allowed: reply[0] === 1,
-      limit: this.params.capacity,
-      remaining: reply[1],
-      retryAfter: reply[2],
-      resetAfter: reply[3],
-    };
-    // Remember a bucket another take of this cost would find short (after a denial, or a grant that emptied it), and
-    // keep a remembered one up to date.
-    if (commit && resets === this.resets && (!decision.allowed || decision.remaining < cost || this.denied.has(key))) {
-      this.remember(key, sent, reply[4]);
-    }
-    return decision;
+    ).then((result) => {
+      const reply = result as [number, number, number, number, number];
+      const decision: Decision = {
+        allowed: reply[0] === 1,
+        limit: this.params.capacity,
+        remaining: reply[1],
+        retryAfter: reply[2],
+        resetAfter: reply[3],
+      };
+      // Remember a bucket another take of this cost would find short (after a denial, or a grant that emptied it), and
+      // keep a remembered one up to date.
+      if (commit && resets === this.resets && (!decision.allowed || decision.remaining < cost || this.denied.has(key))) {
+        this.remember(key, sent, reply[4]);
+      }
+      return decision;
+    });
   }
 
   private remember(key: string, sent: number, refill: number): void {
@@ -151,13 +154,13 @@ export class RedisBucketStore implements BucketStore {
     this.denied.set(key, { tat, low, until: now + DENY_CACHE_MS * 1_000 });
   }
 
-  private async call<T>(op: () => Promise<T>): Promise<T> {
-    try {
-      return await bounded(this.client, this.timeout, op);
-    } catch (error) {
-      throw new RateLimitUnavailableError(`token bucket store failed: ${(error as Error).message}`, { cause: error });
-    }
+  private call<T>(op: () => Promise<T>): Promise<T> {
+    return bounded(this.client, this.timeout, op).then(undefined, unavailable);
   }
+}
+
+function unavailable(error: unknown): never {
+  throw new RateLimitUnavailableError(`token bucket store failed: ${(error as Error).message}`, { cause: error });
 }
 
 // Whole microseconds on the monotonic clock: immune to wall-clock steps, the unit of the GCRA arithmetic.
