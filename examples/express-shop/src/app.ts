@@ -2,14 +2,7 @@
 import { TokenBucket } from '@hasp/core';
 import { rateLimit, withLock } from '@hasp/express';
 import express, { type ErrorRequestHandler, type NextFunction, type Request, type Response } from 'express';
-import { pay } from './orders.js';
-import type { Stores } from './stores.js';
-
-/** Settings of the shop that tests and demos may change. */
-export interface ShopOptions {
-  /** How long the fake payment takes, ms. */
-  paymentMs: number;
-}
+import { pay, type ShopOptions, type Stores } from '@hasp/example-shop-common';
 
 // The demo's only account.
 const USERS: Record<string, string> = { alice: 'wonderland' };

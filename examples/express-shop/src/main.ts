@@ -1,56 +1,5 @@
 // Starts the Express shop: PORT (default 3000, 0 = any free port), REDIS_URL / REDIS_NODES, PAYMENT_MS; stops on SIGINT/SIGTERM.
-import { createServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { serveShop } from '@hasp/example-shop-common';
 import { createApp } from './app.js';
-import { storesFromEnv } from './stores.js';
 
-const port = Number(process.env.PORT ?? 3000);
-const paymentMs = Number(process.env.PAYMENT_MS ?? 1_500);
-if (!Number.isInteger(port) || port < 0 || port > 65_535) throw new RangeError(`PORT must be a port number, got ${process.env.PORT}`);
-if (!Number.isFinite(paymentMs) || paymentMs < 0) throw new RangeError(`PAYMENT_MS must be a number of ms, got ${process.env.PAYMENT_MS}`);
-
-const stores = storesFromEnv();
-const server = createServer(createApp(stores, { paymentMs }));
-server.listen(port, () => {
-  const url = `http://localhost:${(server.address() as AddressInfo).port}`;
-  console.log(`hasp express-shop listening on ${url}`);
-  console.log(`store: ${stores.description}`);
-  console.log(tryIt(url));
-});
-server.on('error', (err) => {
-  console.error(`cannot listen on port ${port}: ${err.message} (set PORT to another port, or PORT=0 for any free one)`);
-  void stores.close().finally(() => process.exit(1));
-});
-
-let stopping = false;
-function stop(signal: string): void {
-  if (stopping) return;
-  stopping = true;
-  console.log(`${signal}: stopping`);
-  server.close(() => void stores.close());
-  server.closeIdleConnections();
-  // Requests still running (a slow payment) get a few seconds to finish; without them the process ends by itself.
-  setTimeout(() => {
-    console.error('requests still running after 5 s: exiting anyway');
-    process.exit(1);
-  }, 5_000).unref();
-}
-process.on('SIGINT', () => stop('SIGINT'));
-process.on('SIGTERM', () => stop('SIGTERM'));
-
-function tryIt(url: string): string {
-  const json = `-H 'content-type: application/json'`;
-  return [
-    '',
-    'Try it (in another terminal):',
-    '  # SMS codes: 3 per phone number per 10 minutes; the 4th answers 429 with Retry-After and RateLimit headers',
-    `  for i in 1 2 3 4; do curl -si -X POST ${url}/sms/send ${json} -d '{"phone":"+15551234567"}' | head -1; done`,
-    '  # Logins: 5 attempts per username and IP per 15 minutes (alice / wonderland is the right password)',
-    `  for i in 1 2 3 4 5 6; do curl -s -X POST ${url}/login ${json} -d '{"username":"alice","password":"guess"}'; echo; done`,
-    '  # Purchase order 42 twice at once: one 200, one 423 Locked; the order shows exactly 1 purchase',
-    `  for i in 1 2; do curl -s -w ' -> %{http_code}\\n' -X POST ${url}/orders/42/purchase & done; wait`,
-    `  curl -s ${url}/orders/42; echo`,
-    `  curl -s ${url}/health; echo`,
-    '',
-  ].join('\n');
-}
+serveShop('express-shop', createApp);

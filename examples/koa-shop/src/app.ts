@@ -3,14 +3,7 @@ import { TokenBucket } from '@hasp/core';
 import { rateLimit, withLock } from '@hasp/koa';
 import Router from '@koa/router';
 import Koa, { type Context, type Next } from 'koa';
-import { pay } from './orders.js';
-import type { Stores } from './stores.js';
-
-/** Settings of the shop that tests and demos may change. */
-export interface ShopOptions {
-  /** How long the fake payment takes, ms. */
-  paymentMs: number;
-}
+import { pay, type ShopOptions, type Stores } from '@hasp/example-shop-common';
 
 declare module 'koa' {
   interface Request {
