@@ -1,6 +1,5 @@
-// Locker fixtures for the contract suite: MemoryLock, and RedisLock on a harness node (one connection per locker).
-import type { Redis } from 'ioredis';
-import { MemoryLock, RedisLock, type LockerOptions } from '../../packages/core/src/index.js';
+// Locker fixtures for the contract suite: MemoryLock, and RedisLock on a harness node or any client (one per locker).
+import { MemoryLock, RedisLock, type LockerOptions, type RedisClient } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import type { RedisNode } from '../harness/redis.js';
 import type { LockerFixture, MakeLocker } from './lock-contract.js';
@@ -29,12 +28,28 @@ export const memoryLockFixture: MakeLocker = async (options?: LockerOptions): Pr
 
 /** RedisLock on `node()`: every locker gets its own ioredis connection and shares the fixture's unique prefix. */
 export function redisLockFixture(node: () => RedisNode): MakeLocker {
+  return redisClientLockFixture('lock', () => node().client(), async (admin, channel) => {
+    const [, subscribers] = (await admin.pubsub('NUMSUB', channel)) as [string, number];
+    return Number(subscribers);
+  });
+}
+
+/**
+ * RedisLock on clients from `connect()` (one Redis or a Cluster): every locker gets its own client and shares the
+ * fixture's unique prefix, which starts with `label`. `subscribers` counts the listeners of a lock's channel: a waiter
+ * is armed once it is subscribed and queued.
+ */
+export function redisClientLockFixture<C extends RedisClient>(
+  label: string,
+  connect: () => C,
+  subscribers: (admin: C, channel: string) => Promise<number>,
+): MakeLocker {
   return async (options?: LockerOptions): Promise<LockerFixture> => {
-    const prefix = uniquePrefix('lock');
-    const clients: Redis[] = [];
+    const prefix = uniquePrefix(label);
+    const clients: C[] = [];
     const lockers: RedisLock[] = [];
     const make = (): RedisLock => {
-      const client = node().client();
+      const client = connect();
       clients.push(client);
       const locker = new RedisLock(client, { ...options, prefix });
       lockers.push(locker);
@@ -47,8 +62,7 @@ export function redisLockFixture(node: () => RedisNode): MakeLocker {
       newConnectionLocker: make,
       waiting: async (key) => {
         const names = lockNames(prefix, key);
-        const [, subscribers] = (await admin.pubsub('NUMSUB', names.channel)) as [string, number];
-        return Number(subscribers) > 0 ? admin.zcard(names.queue) : 0;
+        return (await subscribers(admin, names.channel)) > 0 ? admin.zcard(names.queue) : 0;
       },
       deleteBehindBack: async (key) => {
         await admin.del(lockNames(prefix, key).lock);
