@@ -4,6 +4,7 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { send } from '../../examples/snippets/src/check.js';
 import { until } from '../core/helpers.js';
 import { startRedis, startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
 import { ROOT, startShop, type ShopProcess } from './shop-process.js';
@@ -18,21 +19,13 @@ interface Reply {
   body: Record<string, unknown>;
 }
 
+/** The snippets' `send`, for the shops, which answer every request with JSON: a body that is not JSON fails the test. */
 async function call(method: 'GET' | 'POST', url: string, body?: unknown): Promise<Reply> {
-  const res = await fetch(url, {
-    method,
-    headers: body === undefined ? {} : { 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-    signal: AbortSignal.timeout(10_000),
-  });
-  const text = await res.text();
-  let parsed: Record<string, unknown>;
-  try {
-    parsed = JSON.parse(text) as Record<string, unknown>;
-  } catch {
-    throw new Error(`${method} ${url}: ${res.status} with a body that is not JSON: ${text.slice(0, 200)}`);
+  const reply = await send(method, url, body);
+  if (typeof reply.body === 'string') {
+    throw new Error(`${method} ${url}: ${reply.status} with a body that is not JSON: ${reply.body.slice(0, 200)}`);
   }
-  return { status: res.status, headers: res.headers, body: parsed };
+  return { ...reply, body: reply.body };
 }
 
 const unique = (): string => randomBytes(4).toString('hex');
