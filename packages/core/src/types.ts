@@ -170,7 +170,9 @@ export interface MemoryLockOptions extends LockerOptions {
    */
   prefix?: string;
   /**
-   * Clock in epoch ms; injectable so tests can move time without sleeping.
+   * Clock in epoch ms; injectable so tests can move time without sleeping. It decides who holds a key and each
+   * lease's `expiresAt`; a lease's `signal` still aborts on expiry by a real timer, so after moving the clock past
+   * `expiresAt`, check `expiresAt` (or call `extend()`, which then rejects) rather than waiting for the signal.
    * @default Date.now
    */
   clock?: () => number;
