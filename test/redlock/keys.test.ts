@@ -41,11 +41,25 @@ describe('Redlock keys', () => {
     const a = redlock(prefix);
     const b = redlock(prefix);
     const held: { lease: Lease; waiter: Promise<Lease> }[] = [];
+    const leases: Lease[] = [];
     for (const key of HOSTILE_KEYS) {
       const lease = await a.acquire(key, { ttl: 10_000 });
       expect(lease.key).toBe(key);
+      leases.push(lease);
+    }
+    // Redlock keeps no queue: each key has its lock and its fence on each node, nothing else. An acquire settles at
+    // the quorum, so the other nodes' grants may still be on their way: the waiters start once every node has them
+    // (a waiter's attempt that overtook a late grant would take that node, and leave it free after its undo).
+    const everyLockEverywhere = () =>
+      until(
+        async () => (await Promise.all(nodes.admins.map((a) => a.dbsize()))).every((n) => n === HOSTILE_KEYS.length * 2),
+        5_000,
+        'every key’s lock and fence on every node',
+      );
+    await everyLockEverywhere();
+    for (const lease of leases) {
       // A waiter subscribes to the key's wake-up channel on every node.
-      const waiter = b.acquire(key, { wait: 10_000, ttl: 10_000 });
+      const waiter = b.acquire(lease.key, { wait: 10_000, ttl: 10_000 });
       waiter.catch(() => undefined);
       held.push({ lease, waiter });
     }
@@ -55,13 +69,8 @@ describe('Redlock keys', () => {
       10_000,
       'every waiter to subscribe on every node',
     );
-    // Redlock keeps no queue: each key has its lock and its fence on each node, nothing else. (An acquire settles at
-    // the quorum; the other nodes' grants may still be on their way.)
-    await until(
-      async () => (await Promise.all(nodes.admins.map((a) => a.dbsize()))).every((n) => n === HOSTILE_KEYS.length * 2),
-      5_000,
-      'every key’s lock and fence on every node',
-    );
+    // Refused waiters leave nothing behind.
+    await everyLockEverywhere();
     for (let i = 0; i < 5; i++) {
       const names = await nodes.admins[i]!.keys('*');
       for (const name of names) expect(name.startsWith(prefix), name.slice(0, 80)).toBe(true);
@@ -84,12 +93,12 @@ describe('Redlock keys', () => {
     const names = lockNames(prefix, 'a');
     await until(async () => (await nodes.holders(prefix, 'a')).length === 5, 2_000, 'the lock on every node');
     const before = await Promise.all(
-      nodes.admins.map(async (admin) => [await admin.hgetall(names.lock), await admin.get(names.fence)] as const),
+      nodes.admins.map(async (admin) => [await admin.get(names.lock), await admin.get(names.fence)] as const),
     );
     const forged: Lease[] = [];
     for (const key of ['a}:f', 'a}', 'a:f', '{a}', 'a}:q', 'a}:d', 'a}:w']) forged.push(await locks.acquire(key, { ttl: 10_000 }));
     const after = await Promise.all(
-      nodes.admins.map(async (admin) => [await admin.hgetall(names.lock), await admin.get(names.fence)] as const),
+      nodes.admins.map(async (admin) => [await admin.get(names.lock), await admin.get(names.fence)] as const),
     );
     expect(after).toEqual(before);
     for (const lease of forged) expect(await lease.release()).toBe(true);

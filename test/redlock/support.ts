@@ -35,10 +35,13 @@ export class Nodes {
     return v === null ? null : Number(v);
   }
 
-  /** The lock hash on node `i` for `key` ({t, o, n, f}), or null when the key is free there. */
-  async lockOn(i: number, prefix: string, key: string): Promise<Record<string, string> | null> {
-    const h = await this.admins[i]!.hgetall(lockNames(prefix, key).lock);
-    return Object.keys(h).length === 0 ? null : h;
+  /** The lock on node `i` for `key` (token, fence, holds, waiters flag, owner), or null when the key is free there. */
+  async lockOn(i: number, prefix: string, key: string): Promise<Record<'t' | 'f' | 'n' | 'w' | 'o', string> | null> {
+    const v = await this.admins[i]!.get(lockNames(prefix, key).lock);
+    if (v === null) return null;
+    const m = /^(\S+) (\d+) (\d+) (\d) ([\s\S]*)$/.exec(v);
+    if (m === null) throw new Error(`unexpected lock value on node ${i}: ${JSON.stringify(v)}`);
+    return { t: m[1]!, f: m[2]!, n: m[3]!, w: m[4]!, o: m[5]! };
   }
 
   /** Nodes killed and not restarted yet. */

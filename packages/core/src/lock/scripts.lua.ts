@@ -1,6 +1,9 @@
-// Lua for the Redis lock backends (RedisLock and each Redlock node). A lock is a hash {t=token, o=owner, n=holds, f=fence}
-// at the key stem; the last fence handed out lives in `stem:f`, which outlives the lock so fences keep growing; waiters
-// queue in `stem:q` and `stem:d`.
+// Lua for the Redis lock backends (RedisLock and each Redlock node). A lock is one string at the key stem,
+// "<token> <fence> <holds> <waiters> <owner>" (owner last: it may contain anything), so a free key is taken by a single
+// SET NX PX and freed by GET + DEL; a hash costs two more calls per cycle, and each call inside a script costs about as
+// much as the script call itself. `waiters` is 1 once someone was refused while it was held: only then does a release
+// look for somebody to wake. The last fence handed out lives in `stem:f`, which outlives the lock so fences keep
+// growing; waiters queue in `stem:q` and `stem:d`.
 import { Script } from '../redis/script.js';
 
 // Fair hand-off: waiters queue in `stem:q` (token → arrival µs) with a heartbeat deadline in `stem:d`. A free lock goes
@@ -12,6 +15,13 @@ local function clock()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local now = nil
+local function parse(v)
+  local t, f, n, w, o = string.match(v, '^(%S+) (%d+) (%d+) (%d) (.*)$')
+  return t, f, tonumber(n), w, o
+end
+local function record(t, f, n, w, o)
+  return t .. ' ' .. f .. ' ' .. n .. ' ' .. w .. ' ' .. o
+end
 local function firstLive(queueKey, deadlinesKey)
   while true do
     local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
@@ -26,7 +36,7 @@ end
 
 /** Take the lock, re-enter it as the same owner, or report the holder's remaining ms (-1: unknown, a waiter is first). */
 export const ACQUIRE = new Script(`
-local lockKey = KEYS[1]              -- the lock hash
+local lockKey = KEYS[1]              -- the lock
 local fenceKey = KEYS[2]             -- last fence handed out for this key
 local queueKey = KEYS[3]             -- waiters: token -> arrival µs
 local deadlinesKey = KEYS[4]         -- waiters: token -> heartbeat deadline µs
@@ -47,61 +57,76 @@ local function join()
   redis.call('PEXPIRE', deadlinesKey, heartbeat)
 end
 
-local cur = redis.call('HMGET', lockKey, 't', 'o', 'f')
-if cur[1] then
+local function proposal()
+  if floor ~= '' then return string.format('%d', tonumber(floor)) end
+  now = now or clock()
+  return string.format('%d', now)
+end
+
+-- The lock was just written with fence f: record f as the last fence, or (when the stored one is not below it: a clock
+-- step back, or a Redlock floor behind this node) hand out the next one instead. %d keeps all digits; Lua's default
+-- number format would round them away.
+local function granted(f, waiters)
+  local last = tonumber(redis.call('SET', fenceKey, f, 'PX', ttl + retention, 'GET') or '0')
+  if tonumber(f) <= last then
+    f = string.format('%d', last + 1)
+    redis.call('SET', fenceKey, f, 'PX', ttl + retention)
+    redis.call('SET', lockKey, record(token, f, 1, waiters, owner), 'XX', 'KEEPTTL')
+  end
+  return {1, token, f, ttl}
+end
+
+-- Nobody in line: the lock is ours if the key is free, in one command.
+if queue == '' or redis.call('EXISTS', queueKey) == 0 then
+  local f = proposal()
+  if redis.call('SET', lockKey, record(token, f, 1, 0, owner), 'NX', 'PX', ttl) then return granted(f, 0) end
+end
+
+local cur = redis.call('GET', lockKey)
+if cur then
+  local t, f, n, w, o = parse(cur)
   -- The same owner nests; our own token means an earlier attempt of ours already landed here (a retry).
-  if (owner ~= '' and cur[2] == owner) or cur[1] == token then
-    if cur[1] ~= token then redis.call('HINCRBY', lockKey, 'n', 1) end
+  if (owner ~= '' and o == owner) or t == token then
     local pttl = redis.call('PTTL', lockKey)
-    if pttl < ttl then
-      redis.call('PEXPIRE', lockKey, ttl)
-      pttl = ttl
+    if pttl < ttl then pttl = ttl end
+    if t ~= token then
+      redis.call('SET', lockKey, record(t, f, n + 1, w, o), 'PX', pttl)
+    else
+      redis.call('PEXPIRE', lockKey, pttl)
     end
-    return {1, cur[1], cur[3], pttl}
+    return {1, t, f, pttl}
   end
   join()
+  -- Whoever waits for a release must hear it: Redlock waiters ('') and queued ones ('1').
+  if w == '0' and queue ~= '0' then redis.call('SET', lockKey, record(t, f, n, 1, o), 'XX', 'KEEPTTL') end
   return {0, redis.call('PTTL', lockKey)}
 end
 
-if queue ~= '' then
-  local head = firstLive(queueKey, deadlinesKey)
-  if head and head ~= token then
-    join()
-    return {0, -1}
-  end
-  if head then
-    redis.call('ZREM', queueKey, token)
-    redis.call('HDEL', deadlinesKey, token)
-  end
+-- Free, with a line: the first live waiter's turn.
+local head = firstLive(queueKey, deadlinesKey)
+if head and head ~= token then
+  join()
+  return {0, -1}
 end
-
-local fence
-if floor == '' then
-  now = now or clock()
-  fence = now
-else
-  fence = tonumber(floor)
+local waiters = 0
+if head then
+  redis.call('ZREM', queueKey, token)
+  redis.call('HDEL', deadlinesKey, token)
+  if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
 end
--- %d keeps all digits; Lua's default number format would round them away. Written and read back in one command: the
--- stored fence is nearly always behind the clock, and only otherwise is it written a second time.
-local f = string.format('%d', fence)
-local last = tonumber(redis.call('SET', fenceKey, f, 'PX', ttl + retention, 'GET') or '0')
-if fence <= last then
-  f = string.format('%d', last + 1)
-  redis.call('SET', fenceKey, f, 'PX', ttl + retention)
-end
-redis.call('HSET', lockKey, 't', token, 'o', owner, 'n', 1, 'f', f)
-redis.call('PEXPIRE', lockKey, ttl)
-return {1, token, f, ttl}
+local f = proposal()
+redis.call('SET', lockKey, record(token, f, 1, waiters, owner), 'PX', ttl)
+return granted(f, waiters)
 `);
 
 /** Keep the lock at least `ttl` more ms if `token` holds it; the new remaining ms, or -1 when not held. */
 export const EXTEND = new Script(`
-local lockKey = KEYS[1]          -- the lock hash
+local lockKey = KEYS[1]          -- the lock
 local token = ARGV[1]            -- the holder's token
 local ttl = tonumber(ARGV[2])    -- minimum ms left afterwards
 
-if redis.call('HGET', lockKey, 't') ~= token then return -1 end
+local cur = redis.call('GET', lockKey)
+if not cur or string.sub(cur, 1, #token + 1) ~= token .. ' ' then return -1 end
 local pttl = redis.call('PTTL', lockKey)
 if pttl < ttl then
   redis.call('PEXPIRE', lockKey, ttl)
@@ -111,22 +136,28 @@ return pttl
 `);
 
 /**
- * Drop one hold of `token`; at zero, delete the lock and wake waiters: with a queue, the first live waiter by name (and
- * nobody when none is queued: every waiter queues before it listens); without one (Redlock), everyone (''). 1 when the
- * token held the lock, else 0.
+ * Drop one hold of `token`; at zero, delete the lock and, if anyone was refused meanwhile, wake waiters: with a queue,
+ * the first live waiter by name (and nobody when none is queued: every waiter queues before it listens); without one
+ * (Redlock), everyone (''). 1 when the token held the lock, else 0.
  */
 export const RELEASE = new Script(`
-local lockKey = KEYS[1]        -- the lock hash
+local lockKey = KEYS[1]        -- the lock
 local queueKey = KEYS[2]       -- waiters: token -> arrival µs
 local deadlinesKey = KEYS[3]   -- waiters: token -> heartbeat deadline µs
 local token = ARGV[1]          -- the holder's token
 local channel = ARGV[2]        -- wake-up channel of this key
 local queue = ARGV[3]          -- '' when the queue is not used (Redlock)
 ${FIRST_LIVE}
-local cur = redis.call('HMGET', lockKey, 't', 'n')
-if cur[1] ~= token then return 0 end
-if cur[2] ~= '1' and redis.call('HINCRBY', lockKey, 'n', -1) > 0 then return 1 end
+local cur = redis.call('GET', lockKey)
+if not cur then return 0 end
+local t, f, n, w, o = parse(cur)
+if t ~= token then return 0 end
+if n > 1 then
+  redis.call('SET', lockKey, record(t, f, n - 1, w, o), 'XX', 'KEEPTTL')
+  return 1
+end
 redis.call('DEL', lockKey)
+if w == '0' then return 1 end
 if queue == '' then
   redis.call('PUBLISH', channel, '')
 else
@@ -139,7 +170,7 @@ return 1
 
 /** A waiter gives up: leave the queue, and if it was first while the lock is free, wake the next one. */
 export const LEAVE = new Script(`
-local lockKey = KEYS[1]        -- the lock hash
+local lockKey = KEYS[1]        -- the lock
 local queueKey = KEYS[2]       -- waiters: token -> arrival µs
 local deadlinesKey = KEYS[3]   -- waiters: token -> heartbeat deadline µs
 local token = ARGV[1]          -- the waiter's token
@@ -156,18 +187,21 @@ return 1
 
 /** Redlock: raise this node's fence to `fence` while `token` holds the lock. 1 when written, 0 when not held. */
 export const RAISE_FENCE = new Script(`
-local lockKey = KEYS[1]              -- the lock hash
+local lockKey = KEYS[1]              -- the lock
 local fenceKey = KEYS[2]             -- last fence handed out for this key
 local token = ARGV[1]                -- the holder's token
 local fence = ARGV[2]                -- the fence agreed by the quorum
 local retention = tonumber(ARGV[3])  -- ms the fence key outlives the lease
-
-if redis.call('HGET', lockKey, 't') ~= token then return 0 end
+${FIRST_LIVE}
+local cur = redis.call('GET', lockKey)
+if not cur then return 0 end
+local t, f, n, w, o = parse(cur)
+if t ~= token then return 0 end
 local last = tonumber(redis.call('GET', fenceKey) or '0')
 if tonumber(fence) > last then
   local pttl = redis.call('PTTL', lockKey)
   redis.call('SET', fenceKey, fence, 'PX', pttl + retention)
 end
-redis.call('HSET', lockKey, 'f', fence)
+redis.call('SET', lockKey, record(t, fence, n, w, o), 'XX', 'KEEPTTL')
 return 1
 `);
