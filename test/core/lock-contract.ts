@@ -96,23 +96,19 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         expect(await other.release()).toBe(true);
       });
 
-      it('grants at most one holder at a time to 16 contending connections, fences rising in critical-section order', async () => {
+      /** Workers on `lockers` (one each) take `key` `perWorker` times with wait; returns what the checks need. */
+      async function contend(lockers: readonly Locker[], perWorker: number, wait: number) {
         const key = freshKey('contended');
-        const WORKERS = 16;
-        const PER_WORKER = 64; // 1,024 acquisitions in all
-        const WAIT = 20_000;
-        const lockers = Array.from({ length: WORKERS }, () => fx.newConnectionLocker());
         let inside = 0;
         let maxInside = 0;
         const fences: number[] = [];
         let longestWait = 0;
         const started = performance.now();
-
         await Promise.all(
           lockers.map(async (locker) => {
-            for (let i = 0; i < PER_WORKER; i++) {
+            for (let i = 0; i < perWorker; i++) {
               const asked = performance.now();
-              const lease = await locker.acquire(key, { wait: WAIT, ttl: 10_000 });
+              const lease = await locker.acquire(key, { wait, ttl: 10_000 });
               longestWait = Math.max(longestWait, performance.now() - asked);
               inside++;
               maxInside = Math.max(maxInside, inside);
@@ -125,13 +121,31 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
             }
           }),
         );
+        return { maxInside, fences, longestWait, elapsed: performance.now() - started };
+      }
 
-        expect(maxInside).toBe(1);
-        expect(fences).toHaveLength(WORKERS * PER_WORKER);
-        expect(firstNonIncreasing(fences)).toBe(-1);
-        expect(longestWait).toBeLessThan(WAIT);
+      it('grants at most one holder at a time to 16 contending connections, fences rising in critical-section order', async () => {
+        const WORKERS = 16;
+        const PER_WORKER = 64; // 1,024 acquisitions in all
+        const WAIT = 20_000;
+        const r = await contend(Array.from({ length: WORKERS }, () => fx.newConnectionLocker()), PER_WORKER, WAIT);
+        expect(r.maxInside).toBe(1);
+        expect(r.fences).toHaveLength(WORKERS * PER_WORKER);
+        expect(firstNonIncreasing(r.fences)).toBe(-1);
+        expect(r.longestWait).toBeLessThan(WAIT);
         // Hand-offs are driven by wake-ups, not by the 1 s polling fallback.
-        expect(performance.now() - started).toBeLessThan(15_000);
+        expect(r.elapsed).toBeLessThan(15_000);
+      });
+
+      it('does the same for 12 workers sharing one locker and 4 on their own connections (hand-offs within a process)', async () => {
+        const WAIT = 20_000;
+        const lockers = [...Array.from({ length: 12 }, () => fx.locker), ...Array.from({ length: 4 }, () => fx.newConnectionLocker())];
+        const r = await contend(lockers, 48, WAIT);
+        expect(r.maxInside).toBe(1);
+        expect(r.fences).toHaveLength(16 * 48);
+        expect(firstNonIncreasing(r.fences)).toBe(-1);
+        expect(r.longestWait).toBeLessThan(WAIT);
+        expect(r.elapsed).toBeLessThan(15_000);
       });
     });
 

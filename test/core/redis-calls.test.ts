@@ -168,17 +168,19 @@ describe('Redis calls', () => {
     await b.stop();
   });
 
-  it('publishes a release only when a waiter is queued, and then wakes it at once', async () => {
+  it('publishes a release only when a waiter of another process is queued, and then wakes it at once', async () => {
     const client = node.client();
-    await client.ping();
+    const other = node.client();
     const prefix = uniquePrefix('publish');
     const locks = new RedisLock(client, { prefix });
+    const theirs = new RedisLock(other, { prefix });
     await (await locks.acquire('warm')).release();
+    await (await theirs.acquire('warm')).release();
     await admin.config('RESETSTAT');
     for (let i = 0; i < 20; i++) expect(await (await locks.acquire('k')).release()).toBe(true);
     expect((await commandStats('publish')).calls).toBe(0);
     const held = await locks.acquire('k');
-    const waiter = locks.acquire('k', { wait: 10_000 });
+    const waiter = theirs.acquire('k', { wait: 10_000 });
     // The waiter is in line (and so listening: it queues before it subscribes, and subscribes before it sleeps).
     await until(async () => (await admin.zcard(lockNames(prefix, 'k').queue)) === 1, 2_000, 'the waiter to queue');
     const released = performance.now();
@@ -190,7 +192,103 @@ describe('Redis calls', () => {
     expect((await commandStats('publish')).calls).toBe(1);
     await next.release();
     locks.close();
+    theirs.close();
     client.disconnect();
+    other.disconnect();
+  });
+
+  it('hands a released lock straight to a waiter of the same locker that is first in line: one call, no wake-up', async () => {
+    const client = node.client();
+    const prefix = uniquePrefix('handoff');
+    const names = lockNames(prefix, 'k');
+    const locks = new RedisLock(client, { prefix, ttl: 20_000 });
+    const held = await locks.acquire('k');
+    const waiter = locks.acquire('k', { wait: 10_000, owner: 'job-2' });
+    await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the waiter to queue');
+    await admin.config('RESETSTAT');
+    const before = Date.now();
+    expect(await held.release()).toBe(true);
+    const next = await within(waiter, 2_000, 'the waiter');
+    const after = Date.now();
+    // The release did it all: no PUBLISH, no attempt of the waiter's own.
+    expect((await commandStats('evalsha')).calls + (await commandStats('eval')).calls).toBe(1);
+    expect((await commandStats('publish')).calls).toBe(0);
+    expect(next.fence).toBeGreaterThan(held.fence);
+    // The lease counts from before the release was sent, less the drift.
+    expect(next.expiresAt).toBeGreaterThanOrEqual(before + 20_000 - 2 - Math.ceil(20_000 * 0.01) - 1);
+    expect(next.expiresAt).toBeLessThanOrEqual(after + 20_000);
+    expect(await admin.pttl(names.lock)).toBeGreaterThan(19_000);
+    expect(await admin.zcard(names.queue)).toBe(0);
+    // It holds it as its owner: the same owner re-enters, anyone else is refused.
+    const nested = await locks.tryAcquire('k', { owner: 'job-2' });
+    expect(nested?.fence).toBe(next.fence);
+    expect(await locks.tryAcquire('k')).toBeNull();
+    expect(await nested!.release()).toBe(true);
+    expect(await next.release()).toBe(true);
+    expect(await admin.exists(names.lock)).toBe(0);
+    locks.close();
+    client.disconnect();
+  });
+
+  it('hands the lock to the first in line even when a waiter of the releasing locker is behind it', async () => {
+    const prefix = uniquePrefix('order');
+    const names = lockNames(prefix, 'k');
+    const client = node.client();
+    const other = node.client();
+    const locks = new RedisLock(client, { prefix });
+    const theirs = new RedisLock(other, { prefix });
+    const held = await locks.acquire('k');
+    const remote = theirs.acquire('k', { wait: 10_000 });
+    await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the remote waiter to queue');
+    let localDone = false;
+    const local = locks.acquire('k', { wait: 10_000 });
+    void local.then(() => (localDone = true));
+    await until(async () => (await admin.zcard(names.queue)) === 2, 2_000, 'the local waiter to queue');
+    await held.release();
+    const first = await within(remote, 2_000, 'the remote waiter');
+    expect(localDone).toBe(false);
+    expect(await first.release()).toBe(true);
+    const second = await within(local, 2_000, 'the local waiter');
+    expect(second.fence).toBeGreaterThan(first.fence);
+    expect(await second.release()).toBe(true);
+    locks.close();
+    theirs.close();
+    client.disconnect();
+    other.disconnect();
+  });
+
+  it('never strands a lock handed to a waiter that gives up at the same moment', async () => {
+    const prefix = uniquePrefix('giveup');
+    const names = lockNames(prefix, 'k');
+    const client = node.client();
+    const other = node.client();
+    const locks = new RedisLock(client, { prefix, ttl: 30_000 });
+    const theirs = new RedisLock(other, { prefix, ttl: 30_000 });
+    for (let i = 0; i < 24; i++) {
+      const held = await locks.acquire('k');
+      const stop = new AbortController();
+      const waiter = locks.acquire('k', { wait: 10_000, signal: stop.signal });
+      await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the waiter to queue');
+      // The abort lands before, with, or after the release's hand-off.
+      const release = held.release();
+      if (i % 3 === 0) stop.abort();
+      else if (i % 3 === 1) void Promise.resolve().then(() => stop.abort());
+      else setImmediate(() => stop.abort());
+      expect(await release).toBe(true);
+      const outcome = await within(waiter.then((l) => l, (e: unknown) => e), 2_000, 'the waiter to settle');
+      if (outcome instanceof Error) {
+        // It gave up: the lock is free for anyone at once, not after its 30 s ttl.
+        const next = await within(theirs.acquire('k', { wait: 2_000 }), 3_000, 'another process');
+        expect(await next.release()).toBe(true);
+      } else {
+        expect(await (outcome as Lease).release()).toBe(true);
+      }
+      await until(async () => (await admin.exists(names.lock)) === 0, 2_000, 'the lock to be free');
+    }
+    locks.close();
+    theirs.close();
+    client.disconnect();
+    other.disconnect();
   });
 
   it('hands out a fence above a stored fence that is ahead of the server clock', async () => {
@@ -210,16 +308,19 @@ describe('Redis calls', () => {
 
   it('lets a waiter on a key waited on lately listen first: one refused attempt, then woken by the release', async () => {
     const client = node.client();
-    await client.ping();
+    const other = node.client();
     const prefix = uniquePrefix('hot');
+    // The holders are another process, so the waiters are woken (a release in their own locker hands over directly).
+    const holders = new RedisLock(other, { prefix });
     const locks = new RedisLock(client, { prefix });
     const queued = (n: number) => until(async () => (await admin.zcard(lockNames(prefix, 'k').queue)) === n, 2_000, 'the queue');
-    const first = await locks.acquire('k');
+    const first = await holders.acquire('k');
     // A cold key: attempt, subscribe, attempt again.
     const second = locks.acquire('k', { wait: 10_000 });
     await queued(1);
     await first.release();
-    const held = await second;
+    await (await second).release();
+    const held = await holders.acquire('k');
     // Now the key is hot: the next waiter listens before its attempt and sends only that one before sleeping.
     await admin.config('RESETSTAT');
     const third = locks.acquire('k', { wait: 10_000 });
@@ -234,7 +335,9 @@ describe('Redis calls', () => {
     expect((await commandStats('evalsha')).calls).toBe(3);
     await last.release();
     locks.close();
+    holders.close();
     client.disconnect();
+    other.disconnect();
   });
 
   it('fails a batch in flight when the server dies, then works again on the same client after a restart', async () => {

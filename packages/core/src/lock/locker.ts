@@ -5,7 +5,7 @@ import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, Usin
 import { randomToken } from '../util/token.js';
 import * as v from '../util/validate.js';
 import { LeaseImpl } from './lease.js';
-import type { AttemptResult, LockStore } from './store.js';
+import type { AttemptResult, Grant, LockStore } from './store.js';
 
 /** Locker defaults from the contract. */
 export const LOCKER_DEFAULTS = { ttl: 30_000, wait: 0 } as const;
@@ -116,6 +116,9 @@ export abstract class BaseLocker implements Locker {
     const queue = o.wait > 0;
     let acquired = false;
     let storeFailed = false;
+    // A lock a release in this process handed straight to us (see LockStore.waitHere), and how to stop waiting there.
+    let handed: { grant: Grant; since: number } | undefined;
+    let endWaitHere: ((acquired: boolean) => void) | undefined;
     const onWake = (next: string) => {
       // A release names the waiter it is handed to; the others keep sleeping.
       if (next !== '' && next !== token) return;
@@ -134,6 +137,10 @@ export abstract class BaseLocker implements Locker {
         }
       }
       for (;;) {
+        if (handed !== undefined) {
+          acquired = true;
+          return this.lease(key, handed.grant, handed.since, o.ttl);
+        }
         woken = false;
         const started = this.store.now();
         let result: AttemptResult;
@@ -146,6 +153,15 @@ export abstract class BaseLocker implements Locker {
         if (result.ok) {
           acquired = true;
           return this.lease(key, result, started, o.ttl);
+        }
+        if (handed !== undefined) continue;
+        if (queue && endWaitHere === undefined && this.store.waitHere !== undefined) {
+          // We are in the line now: a release in this process may hand us the lock directly.
+          endWaitHere = this.store.waitHere(key, token, o.owner, o.ttl, (grant, since) => {
+            handed = { grant, since };
+            woken = true;
+            wake?.();
+          });
         }
         const left = deadline - this.store.now();
         if (left <= 0) return result;
@@ -187,6 +203,7 @@ export abstract class BaseLocker implements Locker {
         });
       }
     } finally {
+      endWaitHere?.(acquired);
       stopListening?.();
       if (queue && !acquired) {
         const leaving = this.store.leave(key, token).catch(() => undefined);

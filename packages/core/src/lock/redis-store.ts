@@ -5,7 +5,7 @@ import { keyStem } from '../redis/keys.js';
 import { Wakeups } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { ACQUIRE, EXTEND, LEAVE, RELEASE } from './scripts.lua.js';
-import type { AttemptResult, LockStore } from './store.js';
+import type { AttemptResult, Grant, LockStore } from './store.js';
 
 /** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
 export const FENCE_RETENTION_MS = 3_600_000;
@@ -46,8 +46,20 @@ export function parseAttempt(reply: unknown): AttemptResult {
   return { ok: false, pttl: Number(r[1]) };
 }
 
+/** A waiter of this process, in its key's line. */
+interface LocalWaiter {
+  readonly token: string;
+  readonly owner: string;
+  readonly ttl: number;
+  readonly granted: (grant: Grant, since: number) => void;
+}
+
 export class RedisLockStore implements LockStore {
   private readonly wakeups: Wakeups;
+  // Waiters of this process by key, in the order they registered; a release offers the lock to the first.
+  private readonly local = new Map<string, LocalWaiter[]>();
+  // Tokens whose waiter gave up while a release naming it may still be on its way.
+  private readonly gaveUp = new Set<string>();
 
   constructor(
     private readonly client: RedisClient,
@@ -89,7 +101,41 @@ export class RedisLockStore implements LockStore {
 
   release(key: string, token: string): Promise<boolean> {
     const n = lockNames(this.prefix, key);
-    return this.call('release', () => this.releaseScript(n, token)).then(isOne);
+    const heir = this.local.get(key)?.[0];
+    if (heir === undefined) return this.call('release', () => this.releaseScript(n, token)).then(isOne);
+    const since = this.now();
+    const handOff = (reply: unknown) => {
+      if (Array.isArray(reply)) this.handedTo(key, heir, { ok: true, token: heir.token, fence: Number(reply[1]), ttl: heir.ttl }, since);
+    };
+    return this.call(
+      'release',
+      () =>
+        RELEASE.run(
+          this.client,
+          [n.lock, n.queue, n.deadlines, n.fence],
+          [token, n.channel, '1', heir.token, heir.ttl, heir.owner, FENCE_RETENTION_MS],
+        ),
+      handOff,
+    ).then((reply) => {
+      handOff(reply);
+      return reply !== 0;
+    });
+  }
+
+  waitHere(key: string, token: string, owner: string, ttl: number, granted: LocalWaiter['granted']): (acquired: boolean) => void {
+    const waiter: LocalWaiter = { token, owner, ttl, granted };
+    let line = this.local.get(key);
+    if (line === undefined) {
+      line = [];
+      this.local.set(key, line);
+    }
+    line.push(waiter);
+    return (acquired) => {
+      if (!this.dropLocal(key, waiter) || acquired) return;
+      // A release sent before this may still hand it the lock; handedTo frees it then. Forgotten once that is ruled out.
+      this.gaveUp.add(token);
+      setTimeout(() => this.gaveUp.delete(token), this.timeout * 2).unref();
+    };
   }
 
   listen(key: string, wake: (next: string) => void): Promise<() => void> {
@@ -106,6 +152,24 @@ export class RedisLockStore implements LockStore {
 
   close(): void {
     this.wakeups.close();
+  }
+
+  /** A release handed the lock to `heir`: give it the lease, or, if it gave up meanwhile, free the lock again. */
+  private handedTo(key: string, heir: LocalWaiter, grant: Grant, since: number): void {
+    if (this.dropLocal(key, heir)) {
+      heir.granted(grant, since);
+    } else if (this.gaveUp.delete(heir.token)) {
+      this.release(key, heir.token).catch(() => undefined);
+    }
+  }
+
+  private dropLocal(key: string, waiter: LocalWaiter): boolean {
+    const line = this.local.get(key);
+    const i = line === undefined ? -1 : line.indexOf(waiter);
+    if (i < 0) return false;
+    line!.splice(i, 1);
+    if (line!.length === 0) this.local.delete(key);
+    return true;
   }
 
   private releaseScript(n: LockNames, token: string): Promise<unknown> {

@@ -22,6 +22,18 @@ end
 local function record(t, f, n, w, o)
   return t .. ' ' .. f .. ' ' .. n .. ' ' .. w .. ' ' .. o
 end
+-- The lock at lockKey was just written for (t, o) with fence f: record f as the last fence, or (when the stored one is
+-- not below it: a clock step back, or a Redlock floor behind this node) hand out the next one instead. %d keeps all
+-- digits; Lua's default number format would round them away.
+local function fenced(lockKey, fenceKey, t, o, f, ttl, retention, waiters)
+  local last = tonumber(redis.call('SET', fenceKey, f, 'PX', ttl + retention, 'GET') or '0')
+  if tonumber(f) <= last then
+    f = string.format('%d', last + 1)
+    redis.call('SET', fenceKey, f, 'PX', ttl + retention)
+    redis.call('SET', lockKey, record(t, f, 1, waiters, o), 'XX', 'KEEPTTL')
+  end
+  return f
+end
 local function firstLive(queueKey, deadlinesKey)
   while true do
     local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
@@ -63,17 +75,8 @@ local function proposal()
   return string.format('%d', now)
 end
 
--- The lock was just written with fence f: record f as the last fence, or (when the stored one is not below it: a clock
--- step back, or a Redlock floor behind this node) hand out the next one instead. %d keeps all digits; Lua's default
--- number format would round them away.
 local function granted(f, waiters)
-  local last = tonumber(redis.call('SET', fenceKey, f, 'PX', ttl + retention, 'GET') or '0')
-  if tonumber(f) <= last then
-    f = string.format('%d', last + 1)
-    redis.call('SET', fenceKey, f, 'PX', ttl + retention)
-    redis.call('SET', lockKey, record(token, f, 1, waiters, owner), 'XX', 'KEEPTTL')
-  end
-  return {1, token, f, ttl}
+  return {1, token, fenced(lockKey, fenceKey, token, owner, f, ttl, retention, waiters), ttl}
 end
 
 -- Nobody in line: the lock is ours if the key is free, in one command.
@@ -136,17 +139,24 @@ return pttl
 `);
 
 /**
- * Drop one hold of `token`; at zero, delete the lock and, if anyone was refused meanwhile, wake waiters: with a queue,
- * the first live waiter by name (and nobody when none is queued: every waiter queues before it listens); without one
- * (Redlock), everyone (''). 1 when the token held the lock, else 0.
+ * Drop one hold of `token`; at zero, delete the lock and, if anyone was refused meanwhile, pass it on. With a queue the
+ * first live waiter gets it: when that is `heir` (a waiter in the releasing process), the lock is handed to it right
+ * here and the reply is {1, fence}, saving the waiter a wake-up and a round trip; otherwise the waiter is woken by
+ * name (nobody when none is queued: every waiter queues before it listens). Without a queue (Redlock) everyone is woken
+ * (''). 1 when the token held the lock, else 0.
  */
 export const RELEASE = new Script(`
-local lockKey = KEYS[1]        -- the lock
-local queueKey = KEYS[2]       -- waiters: token -> arrival µs
-local deadlinesKey = KEYS[3]   -- waiters: token -> heartbeat deadline µs
-local token = ARGV[1]          -- the holder's token
-local channel = ARGV[2]        -- wake-up channel of this key
-local queue = ARGV[3]          -- '' when the queue is not used (Redlock)
+local lockKey = KEYS[1]              -- the lock
+local queueKey = KEYS[2]             -- waiters: token -> arrival µs
+local deadlinesKey = KEYS[3]         -- waiters: token -> heartbeat deadline µs
+local fenceKey = KEYS[4]             -- last fence handed out (only with heir)
+local token = ARGV[1]                -- the holder's token
+local channel = ARGV[2]              -- wake-up channel of this key
+local queue = ARGV[3]                -- '' when the queue is not used (Redlock)
+local heir = ARGV[4] or ''           -- token of a local waiter to hand the lock to if it is first in line, or ''
+local heirTtl = tonumber(ARGV[5])    -- its lease time in ms
+local heirOwner = ARGV[6]            -- its reentrancy owner
+local retention = tonumber(ARGV[7])  -- ms the fence key outlives the lease
 ${FIRST_LIVE}
 local cur = redis.call('GET', lockKey)
 if not cur then return 0 end
@@ -160,15 +170,28 @@ redis.call('DEL', lockKey)
 if w == '0' then return 1 end
 if queue == '' then
   redis.call('PUBLISH', channel, '')
-else
-  -- A waiter that fell out of the line (no attempt for the heartbeat) is not woken here: it polls and re-attempts.
-  local head = firstLive(queueKey, deadlinesKey)
-  if head then redis.call('PUBLISH', channel, head) end
+  return 1
 end
-return 1
+-- A waiter that fell out of the line (no attempt for the heartbeat) is not woken here: it polls and re-attempts.
+local head = firstLive(queueKey, deadlinesKey)
+if not head then return 1 end
+if head ~= heir then
+  redis.call('PUBLISH', channel, head)
+  return 1
+end
+redis.call('ZREM', queueKey, heir)
+redis.call('HDEL', deadlinesKey, heir)
+local waiters = 0
+if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
+local nf = string.format('%d', now)
+redis.call('SET', lockKey, record(heir, nf, 1, waiters, heirOwner), 'PX', heirTtl)
+return {1, fenced(lockKey, fenceKey, heir, heirOwner, nf, heirTtl, retention, waiters)}
 `);
 
-/** A waiter gives up: leave the queue, and if it was first while the lock is free, wake the next one. */
+/**
+ * A waiter gives up: leave the queue, and if it was first while the lock is free, wake the next one. A lock handed to
+ * it meanwhile (RELEASE's `heir`) is freed and passed on.
+ */
 export const LEAVE = new Script(`
 local lockKey = KEYS[1]        -- the lock
 local queueKey = KEYS[2]       -- waiters: token -> arrival µs
@@ -176,6 +199,14 @@ local deadlinesKey = KEYS[3]   -- waiters: token -> heartbeat deadline µs
 local token = ARGV[1]          -- the waiter's token
 local channel = ARGV[2]        -- wake-up channel of this key
 ${FIRST_LIVE}
+-- A release in our process may have handed us the lock while we were giving up: pass it on.
+local cur = redis.call('GET', lockKey)
+if cur and parse(cur) == token then
+  redis.call('DEL', lockKey)
+  local head = firstLive(queueKey, deadlinesKey)
+  if head then redis.call('PUBLISH', channel, head) end
+  return 1
+end
 if redis.call('ZREM', queueKey, token) == 0 then return 0 end
 redis.call('HDEL', deadlinesKey, token)
 if redis.call('EXISTS', lockKey) == 0 then
