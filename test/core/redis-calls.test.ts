@@ -48,9 +48,10 @@ describe('Redis calls', () => {
     const released = await Promise.all(leases.map((l) => l.release()));
     const afterRelease = await reads();
     expect(released.every(Boolean)).toBe(true);
-    // One read each for the INFO calls themselves; unbatched, each phase would take 50.
-    expect(afterAcquire - before).toBeLessThanOrEqual(6);
-    expect(afterRelease - afterAcquire).toBeLessThanOrEqual(6);
+    // Writes of up to 8 calls on one server (7 for 50), and one read for the INFO call itself; unbatched, each phase
+    // would take 50.
+    expect(afterAcquire - before).toBeLessThanOrEqual(10);
+    expect(afterRelease - afterAcquire).toBeLessThanOrEqual(10);
     // Every lock is free again.
     expect((await Promise.all(keys.map((k) => locks.tryAcquire(k)))).every((l) => l !== null)).toBe(true);
     locks.close();
