@@ -96,11 +96,11 @@ export class RedlockStore implements LockStore {
     // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
     const outcomes = await gather(
       this.clients.map((c) =>
-        bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']).then(Number)),
+        bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock], [token, n.channel, '']).then(Number)),
       ),
       (o) => {
         const freed = count(o, (v) => v === 1);
-        const failed = o.filter((x) => x !== undefined && !x.ok).length;
+        const failed = failedCount(o);
         const pending = pendingCount(o);
         return freed >= q || failed > this.clients.length - q || pending === 0 || freed + failed + pending < q;
       },
@@ -172,17 +172,15 @@ export class RedlockStore implements LockStore {
         bounded(
           c,
           timeout,
-          () => ACQUIRE.run(c, [n.lock, n.fence, n.queue, n.deadlines], [token, ttl, owner, floor, FENCE_RETENTION_MS, '', 0]).then(parseAttempt),
+          // No line on Redlock nodes: the queue's keys and heartbeat are left out (the script reads them only with a queue).
+          () => ACQUIRE.run(c, [n.lock, n.fence], [token, ttl, owner, floor, FENCE_RETENTION_MS, '']).then(parseAttempt),
           stray(c),
         ),
       ),
       // Votes count per token (a reentry votes for the lock's existing token). Settle once one token has a quorum; or
       // once none can get one and the answers so far already tell what kind of failure it is (down, busy, split).
       (o) => {
-        const best = Math.max(0, ...tally(grantsOf(o)).values());
-        const pending = pendingCount(o);
-        const failed = o.filter((x) => x !== undefined && !x.ok).length;
-        const busy = o.filter((x) => x?.ok && !x.value.ok).length;
+        const { best, pending, failed, busy } = roundSoFar(o);
         if (best >= q || failed > total - q || busy > total - q) return true;
         if (best + pending >= q) return false;
         return pending === 0 || (failed + pending <= total - q && busy + pending <= total - q);
@@ -292,7 +290,7 @@ export class RedlockStore implements LockStore {
 
   /** Drops one hold of `token` on one node. */
   private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number): Promise<unknown> {
-    return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token, n.channel, '']));
+    return bounded(c, timeout, () => RELEASE.run(c, [n.lock], [token, n.channel, '']));
   }
 
   /** The per-node bound of one round. A long key takes longer to send and parse (its names travel in every call). */
@@ -351,8 +349,40 @@ function gather<T>(
   });
 }
 
+// The counters below run on every node's answer of every round: plain loops, no intermediate arrays.
+
 function pendingCount(outcomes: readonly Outcome<unknown>[]): number {
-  return outcomes.filter((o) => o === undefined).length;
+  let n = 0;
+  for (const o of outcomes) if (o === undefined) n++;
+  return n;
+}
+
+function failedCount(outcomes: readonly Outcome<unknown>[]): number {
+  let n = 0;
+  for (const o of outcomes) if (o !== undefined && !o.ok) n++;
+  return n;
+}
+
+/** An acquire round so far: the most votes for one token, and how many nodes are pending, failed, or busy. */
+function roundSoFar(outcomes: readonly Outcome<AttemptResult>[]): { best: number; pending: number; failed: number; busy: number } {
+  let best = 0;
+  let pending = 0;
+  let failed = 0;
+  let busy = 0;
+  for (let i = 0; i < outcomes.length; i++) {
+    const o = outcomes[i];
+    if (o === undefined) pending++;
+    else if (!o.ok) failed++;
+    else if (!o.value.ok) busy++;
+    else {
+      // Votes per token: a handful of nodes, so counting pairwise beats building a map.
+      const token = o.value.token;
+      let votes = 0;
+      for (const other of outcomes) if (other?.ok && other.value.ok && other.value.token === token) votes++;
+      if (votes > best) best = votes;
+    }
+  }
+  return { best, pending, failed, busy };
 }
 
 type Grant = Extract<AttemptResult, { ok: true }>;
@@ -368,11 +398,15 @@ function tally(grants: readonly ({ token: string } | undefined)[]): Map<string, 
 }
 
 function values<T>(outcomes: readonly Outcome<T>[]): T[] {
-  return outcomes.flatMap((o) => (o?.ok ? [o.value] : []));
+  const out: T[] = [];
+  for (const o of outcomes) if (o?.ok) out.push(o.value);
+  return out;
 }
 
 function count<T>(outcomes: readonly Outcome<T>[], pred: (v: T) => boolean): number {
-  return values(outcomes).filter(pred).length;
+  let n = 0;
+  for (const o of outcomes) if (o?.ok && pred(o.value)) n++;
+  return n;
 }
 
 /** The k-th largest value: the time for which at least k nodes agree. */
