@@ -421,6 +421,28 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         expect(free!.fence).toBeGreaterThan(l1.fence);
         await free!.release();
       });
+
+      it('re-enters for exactly the same owner, whatever the owner contains', async () => {
+        // Owners that look like the lock's own record, separators, escapes, and lone surrogates (which a UTF-8 encoder
+        // would turn into the same U+FFFD): each must re-enter only as itself.
+        const owners = ['a 1 1 0 b', ' ', 'x ', '\n', '\0', 'line\r\nbreak', '%', '%25', '%ud800', '\uD800', '\uDBFF', '\uFFFD', 'x\uD800y', '\uD83D\uDE00', 'o'.repeat(100_000)];
+        const other = fx.newConnectionLocker();
+        for (const [i, owner] of owners.entries()) {
+          const key = freshKey(`owner-${i}`);
+          const first = await fx.locker.acquire(key, { owner, ttl: 10_000 });
+          for (const stranger of owners) {
+            if (stranger !== owner) expect(await other.tryAcquire(key, { owner: stranger }), JSON.stringify([owner, stranger].map((o) => o.slice(0, 12)))).toBeNull();
+          }
+          const nested = await other.acquire(key, { owner, ttl: 10_000 });
+          expect(nested.fence).toBe(first.fence);
+          expect(await nested.release()).toBe(true);
+          expect(await other.tryAcquire(key, { owner: 'someone else' })).toBeNull();
+          expect(await first.release()).toBe(true);
+          const free = await other.tryAcquire(key);
+          expect(free).not.toBeNull();
+          await free!.release();
+        }
+      });
     });
 
     describe('fences', () => {

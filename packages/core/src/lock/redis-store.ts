@@ -1,7 +1,7 @@
 // LockStore over one Redis node or Cluster: each operation is one script call, bounded in time.
 import { LockUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
-import { keyStem } from '../redis/keys.js';
+import { encodeKey, keyStem } from '../redis/keys.js';
 import { Wakeups } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { ACQUIRE, EXTEND, LEAVE, RELEASE } from './scripts.lua.js';
@@ -33,6 +33,14 @@ export interface LockNames {
   queue: string;
   deadlines: string;
   channel: string;
+}
+
+/**
+ * The owner as the scripts compare it: spelled injectively, because ioredis sends strings as UTF-8, which turns every
+ * lone surrogate into the same U+FFFD and so would let distinct owners re-enter each other's locks.
+ */
+export function ownerName(owner: string): string {
+  return encodeKey(owner);
 }
 
 function isOne(reply: unknown): boolean {
@@ -78,7 +86,7 @@ export class RedisLockStore implements LockStore {
         ACQUIRE.run(
           this.client,
           [n.lock, n.fence, n.queue, n.deadlines],
-          [token, ttl, owner, '', FENCE_RETENTION_MS, queue ? '1' : '0', QUEUE_HEARTBEAT_MS],
+          [token, ttl, ownerName(owner), '', FENCE_RETENTION_MS, queue ? '1' : '0', QUEUE_HEARTBEAT_MS],
         ),
       // An acquire that lands after we gave up would hold the key until its ttl: hand it back.
       (late) => {
@@ -113,7 +121,7 @@ export class RedisLockStore implements LockStore {
         RELEASE.run(
           this.client,
           [n.lock, n.queue, n.deadlines, n.fence],
-          [token, n.channel, '1', heir.token, heir.ttl, heir.owner, FENCE_RETENTION_MS],
+          [token, n.channel, '1', heir.token, heir.ttl, ownerName(heir.owner), FENCE_RETENTION_MS],
         ),
       handOff,
     ).then((reply) => {

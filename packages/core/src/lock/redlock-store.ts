@@ -12,7 +12,7 @@ import { bounded } from '../redis/call.js';
 import { Wakeups } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { randomToken } from '../util/token.js';
-import { driftFor, FENCE_RETENTION_MS, lockNames, parseAttempt, type LockNames } from './redis-store.js';
+import { driftFor, FENCE_RETENTION_MS, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
 import { ACQUIRE, EXTEND, RAISE_FENCE, RELEASE } from './scripts.lua.js';
 import type { AttemptResult, LockStore } from './store.js';
 
@@ -173,7 +173,7 @@ export class RedlockStore implements LockStore {
           c,
           timeout,
           // No line on Redlock nodes: the queue's keys and heartbeat are left out (the script reads them only with a queue).
-          () => ACQUIRE.run(c, [n.lock, n.fence], [token, ttl, owner, floor, FENCE_RETENTION_MS, '']).then(parseAttempt),
+          () => ACQUIRE.run(c, [n.lock, n.fence], [token, ttl, ownerName(owner), floor, FENCE_RETENTION_MS, '']).then(parseAttempt),
           stray(c),
         ),
       ),
