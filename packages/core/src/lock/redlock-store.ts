@@ -94,10 +94,10 @@ export class RedlockStore implements LockStore {
     const q = this.s.quorum;
     // Release goes to every node, including those that never answered the acquire, and settles once the answer is
     // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
+    const keys = [n.lock];
+    const args = [token, n.channel, ''];
     const outcomes = await gather(
-      this.clients.map((c) =>
-        bounded(c, this.s.timeout, () => RELEASE.run(c, [n.lock], [token, n.channel, '']).then(Number)),
-      ),
+      this.clients.map((c) => bounded(c, this.s.timeout, () => RELEASE.run(c, keys, args).then(Number))),
       (o) => {
         const freed = count(o, (v) => v === 1);
         const failed = failedCount(o);
@@ -167,13 +167,15 @@ export class RedlockStore implements LockStore {
       else strays.push([c, r]);
     };
 
+    // No line on Redlock nodes: the queue's keys and heartbeat are left out (the script reads them only with a queue).
+    const keys = [n.lock, n.fence];
+    const args = [token, ttl, ownerName(owner), floor, FENCE_RETENTION_MS, ''];
     const outcomes = await gather(
       this.clients.map((c) =>
         bounded(
           c,
           timeout,
-          // No line on Redlock nodes: the queue's keys and heartbeat are left out (the script reads them only with a queue).
-          () => ACQUIRE.run(c, [n.lock, n.fence], [token, ttl, ownerName(owner), floor, FENCE_RETENTION_MS, '']).then(parseAttempt),
+          () => ACQUIRE.run(c, keys, args).then(parseAttempt),
           stray(c),
         ),
       ),
