@@ -486,6 +486,49 @@ describe('TokenBucket when Redis fails', () => {
     expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 0 });
   });
 
+  it('gives back the tokens of a take that landed after its caller gave up, while nothing else touched the bucket', async () => {
+    const redis = down.client();
+    clients.push(redis);
+    const bucket = new TokenBucket({ capacity: 3, rate: '3/10min', redis, prefix: uniquePrefix('refund'), timeout: 200 });
+    expect(await redis.ping()).toBe('PONG');
+    down.pause();
+    try {
+      expectUnavailable(await within(rejection(bucket.take('sms')), 2_000, 'take on a frozen server'));
+    } finally {
+      down.resume();
+    }
+    // The take ran once the server thawed, and its tokens came back: the budget is whole again (a peek reports what
+    // would remain after taking one).
+    await until(async () => (await bucket.peek('sms')).remaining === 2, 2_000, 'the refund');
+    expect((await bucket.take('sms')).remaining).toBe(2);
+    expect((await bucket.take('sms')).remaining).toBe(1);
+  });
+
+  it('keeps the tokens of a late take once another take has built on it (a refund then could admit too much)', async () => {
+    const redis = down.client();
+    clients.push(redis);
+    const prefix = uniquePrefix('refund2');
+    const impatient = new TokenBucket({ capacity: 3, rate: '3/10min', redis, prefix, timeout: 200 });
+    const patient = new TokenBucket({ capacity: 3, rate: '3/10min', redis, prefix, timeout: 10_000 });
+    expect(await redis.ping()).toBe('PONG');
+    let later: Promise<unknown>;
+    down.pause();
+    try {
+      // On one connection, so the server runs them in this order: the impatient take (given up on), then the patient
+      // one, then (once the first reply is back) the first take's refund, which finds the second counted on top.
+      expectUnavailable(await within(rejection(impatient.take('sms')), 2_000, 'take on a frozen server'));
+      later = patient.take('sms');
+    } finally {
+      down.resume();
+    }
+    expect(await later).toMatchObject({ allowed: true, remaining: 1 });
+    // Wait out the refund attempt: it must not give the first take's token back, which would also erase the second.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect((await patient.peek('sms')).remaining).toBe(0);
+    expect((await patient.take('sms')).allowed).toBe(true);
+    expect((await patient.take('sms')).allowed).toBe(false);
+  });
+
   it('rejects at once when the client was quit', async () => {
     const { redis, bucket } = bucketOn();
     expect((await bucket.take('k')).allowed).toBe(true);

@@ -289,7 +289,8 @@ describe('Redlock without a quorum', () => {
     await noLockLeft(prefix, 'k', 'the late grants to be handed back');
     const lease = await other.locker.tryAcquire('k');
     expect(lease).not.toBeNull();
-    expect(await nodes.holders(prefix, 'k')).toEqual([0, 1, 2, 3, 4]);
+    // It settled at the quorum; the remaining nodes' grants follow.
+    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
     await lease!.release();
   });
 

@@ -3,7 +3,7 @@ import { RateLimitUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { keyStem } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
-import { TAKE } from './bucket.lua.js';
+import { REFUND, TAKE } from './bucket.lua.js';
 import { decide, type GcraParams } from './gcra.js';
 
 export interface BucketStore {
@@ -120,10 +120,20 @@ export class RedisBucketStore implements BucketStore {
     const sent = nowUs();
     const resets = this.resets;
     // A plain chain rather than async functions: this runs for every take.
-    return this.call(() =>
-      TAKE.run(this.client, [keyStem(this.prefix, key)], [this.params.capacity, this.params.interval, cost, commit ? '1' : '0']),
+    const name = keyStem(this.prefix, key);
+    return this.call(
+      () => TAKE.run(this.client, [name], [this.params.capacity, this.params.interval, cost, commit ? '1' : '0']),
+      // A take that lands after its caller gave up (a stalled server) spent tokens nobody used: give them back while
+      // nothing else has touched the bucket since. (A low-rate key, say 3 SMS per 10 minutes, would otherwise lose one.)
+      (late) => {
+        const reply = late as TakeReply;
+        if (!commit || reply[0] !== 1 || reply[5] === '') return;
+        bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [reply[5], Math.ceil(cost * this.params.interval)])).catch(
+          () => undefined,
+        );
+      },
     ).then((result) => {
-      const reply = result as [number, number, number, number, number];
+      const reply = result as TakeReply;
       const decision: Decision = {
         allowed: reply[0] === 1,
         limit: this.params.capacity,
@@ -154,10 +164,13 @@ export class RedisBucketStore implements BucketStore {
     this.denied.set(key, { tat, low, until: now + DENY_CACHE_MS * 1_000 });
   }
 
-  private call<T>(op: () => Promise<T>): Promise<T> {
-    return bounded(this.client, this.timeout, op).then(undefined, unavailable);
+  private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
+    return bounded(this.client, this.timeout, op, late).then(undefined, unavailable);
   }
 }
+
+/** TAKE's reply: allowed, remaining, retryAfter ms, resetAfter ms, resetAfter µs, the TAT it stored ('' for none). */
+type TakeReply = [number, number, number, number, number, string];
 
 function unavailable(error: unknown): never {
   throw new RateLimitUnavailableError(`token bucket store failed: ${(error as Error).message}`, { cause: error });
