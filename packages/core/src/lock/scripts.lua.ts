@@ -8,13 +8,13 @@ import { Script } from '../redis/script.js';
 
 // Fair hand-off: waiters queue in `stem:q` (token → arrival µs) with a heartbeat deadline in `stem:d`. A free lock goes
 // to the first live waiter; a waiter that stops re-attempting for `heartbeat` ms drops out. Redlock nodes skip the queue
-// (queue mode ''), since per-node queues could disagree and split every vote.
+// (queue mode ''), since per-node queues could disagree and split every vote. Every script declares `local now = nil`
+// (server µs, read once) before including these; the hot paths run before them, since defining them costs time too.
 const FIRST_LIVE = `
 local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local now = nil
 local function parse(v)
   local t, f, n, w, o = string.match(v, '^(%S+) (%d+) (%d+) (%d) (.*)$')
   return t, f, tonumber(n), w, o
@@ -59,6 +59,28 @@ local floor = ARGV[4]                -- lowest acceptable fence, '' to use the s
 local retention = tonumber(ARGV[5])  -- ms the fence key outlives the lease
 local queue = ARGV[6]                -- '' ignore the queue, '0' respect it, '1' respect it and join it when refused
 local heartbeat = tonumber(ARGV[7])  -- ms a queued waiter stays queued without re-attempting
+local now = nil
+
+-- Nobody in line: the lock is ours if the key is free, in one command. (The common case, so it comes before any helper
+-- is defined.) The fence is the floor, or the server clock in µs; %d keeps all digits, which Lua's default number
+-- format would round away.
+if queue == '' or redis.call('EXISTS', queueKey) == 0 then
+  local f = floor
+  if f == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    f = string.format('%d', now)
+  end
+  if redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then
+    local last = tonumber(redis.call('SET', fenceKey, f, 'PX', ttl + retention, 'GET') or '0')
+    if tonumber(f) > last then return {1, token, f, ttl} end
+    -- The stored fence is not below ours (a clock step back, or a Redlock floor behind this node): the next one.
+    f = string.format('%d', last + 1)
+    redis.call('SET', fenceKey, f, 'PX', ttl + retention)
+    redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'XX', 'KEEPTTL')
+    return {1, token, f, ttl}
+  end
+end
 ${FIRST_LIVE}
 local function join()
   if queue ~= '1' then return end
@@ -70,19 +92,13 @@ local function join()
 end
 
 local function proposal()
-  if floor ~= '' then return string.format('%d', tonumber(floor)) end
+  if floor ~= '' then return floor end
   now = now or clock()
   return string.format('%d', now)
 end
 
 local function granted(f, waiters)
   return {1, token, fenced(lockKey, fenceKey, token, owner, f, ttl, retention, waiters), ttl}
-end
-
--- Nobody in line: the lock is ours if the key is free, in one command.
-if queue == '' or redis.call('EXISTS', queueKey) == 0 then
-  local f = proposal()
-  if redis.call('SET', lockKey, record(token, f, 1, 0, owner), 'NX', 'PX', ttl) then return granted(f, 0) end
 end
 
 local cur = redis.call('GET', lockKey)
@@ -157,17 +173,23 @@ local heir = ARGV[4] or ''           -- token of a local waiter to hand the lock
 local heirTtl = tonumber(ARGV[5])    -- its lease time in ms
 local heirOwner = ARGV[6]            -- its reentrancy owner
 local retention = tonumber(ARGV[7])  -- ms the fence key outlives the lease
-${FIRST_LIVE}
+local now = nil
+
+-- The common case first, before any helper is defined: our only hold, nobody refused meanwhile.
 local cur = redis.call('GET', lockKey)
-if not cur then return 0 end
-local t, f, n, w, o = parse(cur)
-if t ~= token then return 0 end
-if n > 1 then
+if not cur or string.find(cur, token .. ' ', 1, true) ~= 1 then return 0 end
+local f, n, w = string.match(cur, '^(%d+) (%d+) (%d) ', #token + 2)
+if not n then return 0 end
+if n == '1' then
+  redis.call('DEL', lockKey)
+  if w == '0' then return 1 end
+end
+${FIRST_LIVE}
+if n ~= '1' then
+  local t, f, n, w, o = parse(cur)
   redis.call('SET', lockKey, record(t, f, n - 1, w, o), 'XX', 'KEEPTTL')
   return 1
 end
-redis.call('DEL', lockKey)
-if w == '0' then return 1 end
 if queue == '' then
   redis.call('PUBLISH', channel, '')
   return 1
@@ -198,6 +220,7 @@ local queueKey = KEYS[2]       -- waiters: token -> arrival µs
 local deadlinesKey = KEYS[3]   -- waiters: token -> heartbeat deadline µs
 local token = ARGV[1]          -- the waiter's token
 local channel = ARGV[2]        -- wake-up channel of this key
+local now = nil
 ${FIRST_LIVE}
 -- A release in our process may have handed us the lock while we were giving up: pass it on.
 local cur = redis.call('GET', lockKey)
@@ -223,6 +246,7 @@ local fenceKey = KEYS[2]             -- last fence handed out for this key
 local token = ARGV[1]                -- the holder's token
 local fence = ARGV[2]                -- the fence agreed by the quorum
 local retention = tonumber(ARGV[3])  -- ms the fence key outlives the lease
+local now = nil
 ${FIRST_LIVE}
 local cur = redis.call('GET', lockKey)
 if not cur then return 0 end
