@@ -48,7 +48,7 @@ function commandOf(id: CeilingCaseId): string[] {
     case 'evalsha-acquire': {
       const stem = 'hasp:lock:{bench:__rand_int__}';
       // ARGV: token, ttl, owner, fence floor, fence retention, queue mode '0' (respect the queue; do not join), heartbeat
-      return ['EVALSHA', ACQUIRE.sha, '4', stem, `${stem}:f`, `${stem}:q`, `${stem}:d`, 'token-0123456789abcdef0123456789ab', '10000', '', '', '3600000', '0', '3000'];
+      return ['EVALSHA', ACQUIRE.sha, '4', stem, `${stem}:f`, `${stem}:q`, `${stem}:d`, 'token-0123456789abcdef0123456789ab', '10000', '', '', '0'];
     }
     case 'evalsha-take':
       // capacity 1e6, one token per µs: never limited; cost 1; commit

@@ -7,14 +7,7 @@ import type { RedisClient } from '../types.js';
 import { ACQUIRE, EXTEND, LEAVE, RELEASE } from './scripts.lua.js';
 import type { AttemptResult, Grant, LockStore } from './store.js';
 
-/** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
-export const FENCE_RETENTION_MS = 3_600_000;
-
-/**
- * Ms a queued waiter stays in line without re-attempting. Waiters re-attempt at least every second (the polling
- * fallback), so only a waiter that crashed or went away drops out, after at most this long.
- */
-export const QUEUE_HEARTBEAT_MS = 3_000;
+export { FENCE_RETENTION_MS, QUEUE_HEARTBEAT_MS } from './scripts.lua.js';
 
 /** Drift allowance shared by the Redis backends: ttl × factor + 2 ms. */
 export function driftFor(ttl: number, factor: number): number {
@@ -24,6 +17,7 @@ export function driftFor(ttl: number, factor: number): number {
 /** Redis names of one lock key. */
 export function lockNames(prefix: string, key: string): LockNames {
   const stem = keyStem(prefix, key);
+  // The scripts derive the channel from the lock's name the same way (lockKey .. ':w').
   return { lock: stem, fence: `${stem}:f`, queue: `${stem}:q`, deadlines: `${stem}:d`, channel: `${stem}:w` };
 }
 
@@ -86,7 +80,7 @@ export class RedisLockStore implements LockStore {
         ACQUIRE.run(
           this.client,
           [n.lock, n.fence, n.queue, n.deadlines],
-          [token, ttl, ownerName(owner), '', FENCE_RETENTION_MS, queue ? '1' : '0', QUEUE_HEARTBEAT_MS],
+          [token, ttl, ownerName(owner), '', queue ? '1' : '0'],
         ),
       // An acquire that lands after we gave up would hold the key until its ttl: hand it back.
       (late) => {
@@ -98,7 +92,7 @@ export class RedisLockStore implements LockStore {
 
   async leave(key: string, token: string): Promise<void> {
     const n = lockNames(this.prefix, key);
-    await this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token, n.channel]));
+    await this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token]));
   }
 
   async extend(key: string, token: string, ttl: number): Promise<number | null> {
@@ -121,7 +115,7 @@ export class RedisLockStore implements LockStore {
         RELEASE.run(
           this.client,
           [n.lock, n.queue, n.deadlines, n.fence],
-          [token, n.channel, '1', heir.token, heir.ttl, ownerName(heir.owner), FENCE_RETENTION_MS],
+          [token, '1', heir.token, heir.ttl, ownerName(heir.owner)],
         ),
       handOff,
     ).then((reply) => {
@@ -181,7 +175,7 @@ export class RedisLockStore implements LockStore {
   }
 
   private releaseScript(n: LockNames, token: string): Promise<unknown> {
-    return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token, n.channel, '1']);
+    return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token, '1']);
   }
 
   // A plain promise chain, not an async function: this runs twice per lock cycle, and every await costs a tick.

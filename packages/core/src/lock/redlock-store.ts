@@ -12,7 +12,7 @@ import { bounded } from '../redis/call.js';
 import { Wakeups } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { randomToken } from '../util/token.js';
-import { driftFor, FENCE_RETENTION_MS, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
+import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
 import { ACQUIRE, EXTEND, RAISE_FENCE, RELEASE } from './scripts.lua.js';
 import type { AttemptResult, LockStore } from './store.js';
 
@@ -95,7 +95,7 @@ export class RedlockStore implements LockStore {
     // Release goes to every node, including those that never answered the acquire, and settles once the answer is
     // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
     const keys = [n.lock];
-    const args = [token, n.channel, ''];
+    const args = [token];
     const outcomes = await gather(
       this.clients.map((c) => bounded(c, this.s.timeout, () => RELEASE.run(c, keys, args).then(Number))),
       (o) => {
@@ -167,9 +167,9 @@ export class RedlockStore implements LockStore {
       else strays.push([c, r]);
     };
 
-    // No line on Redlock nodes: the queue's keys and heartbeat are left out (the script reads them only with a queue).
+    // No line on Redlock nodes: no queue names and no queue mode (the script reads them only with a queue).
     const keys = [n.lock, n.fence];
-    const args = [token, ttl, ownerName(owner), floor, FENCE_RETENTION_MS, ''];
+    const args = [token, ttl, ownerName(owner), floor];
     const outcomes = await gather(
       this.clients.map((c) =>
         bounded(
@@ -234,7 +234,7 @@ export class RedlockStore implements LockStore {
         this.releaseOn(c, n, r.token, this.s.timeout).catch(() => undefined);
       } else if (r.fence !== fence) {
         // A late node of the lease: give it the agreed fence too, so a nested acquire there reports the same one.
-        bounded(c, this.s.timeout, () => RAISE_FENCE.run(c, [n.lock, n.fence], [keep, String(fence), FENCE_RETENTION_MS])).catch(
+        bounded(c, this.s.timeout, () => RAISE_FENCE.run(c, [n.lock, n.fence], [keep, String(fence)])).catch(
           () => undefined,
         );
       }
@@ -283,7 +283,7 @@ export class RedlockStore implements LockStore {
       this.clients.map((c, i) =>
         winners[i] === undefined
           ? Promise.resolve(0)
-          : bounded(c, timeout, () => RAISE_FENCE.run(c, [n.lock, n.fence], [token, String(fence), FENCE_RETENTION_MS]).then(Number)),
+          : bounded(c, timeout, () => RAISE_FENCE.run(c, [n.lock, n.fence], [token, String(fence)]).then(Number)),
       ),
       (o) => count(o, (v) => v === 1) >= this.s.quorum,
     );
@@ -292,7 +292,7 @@ export class RedlockStore implements LockStore {
 
   /** Drops one hold of `token` on one node. */
   private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number): Promise<unknown> {
-    return bounded(c, timeout, () => RELEASE.run(c, [n.lock], [token, n.channel, '']));
+    return bounded(c, timeout, () => RELEASE.run(c, [n.lock], [token]));
   }
 
   /** The per-node bound of one round. A long key takes longer to send and parse (its names travel in every call). */

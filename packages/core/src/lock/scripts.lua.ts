@@ -6,6 +6,22 @@
 // growing; waiters queue in `stem:q` and `stem:d`.
 import { Script } from '../redis/script.js';
 
+/** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
+export const FENCE_RETENTION_MS = 3_600_000;
+
+/**
+ * Ms a queued waiter stays in line without re-attempting. Waiters re-attempt at least every second (the polling
+ * fallback), so only a waiter that crashed or went away drops out, after at most this long.
+ */
+export const QUEUE_HEARTBEAT_MS = 3_000;
+
+// Constants are part of the scripts' source rather than arguments: every argument costs the client and the server a
+// little on every call. A lock's wake-up channel is its name plus ':w' (lockNames), so it is not sent either.
+const CONSTANTS = `
+local retention = ${FENCE_RETENTION_MS}  -- ms the fence key outlives the lease
+local heartbeat = ${QUEUE_HEARTBEAT_MS}  -- ms a queued waiter stays queued without re-attempting
+`;
+
 // Fair hand-off: waiters queue in `stem:q` (token → arrival µs) with a heartbeat deadline in `stem:d`. A free lock goes
 // to the first live waiter; a waiter that stops re-attempting for `heartbeat` ms drops out. Redlock nodes skip the queue
 // (queue mode ''), since per-node queues could disagree and split every vote. Every script declares `local now = nil`
@@ -56,10 +72,8 @@ local token = ARGV[1]                -- the new holder's random token
 local ttl = tonumber(ARGV[2])        -- lease time in ms
 local owner = ARGV[3]                -- reentrancy owner, '' for none
 local floor = ARGV[4]                -- lowest acceptable fence, '' to use the server clock in microseconds
-local retention = tonumber(ARGV[5])  -- ms the fence key outlives the lease
-local queue = ARGV[6]                -- '' ignore the queue, '0' respect it, '1' respect it and join it when refused
-local heartbeat = tonumber(ARGV[7])  -- ms a queued waiter stays queued without re-attempting
-local now = nil
+local queue = ARGV[5] or ''          -- '' (or none) ignore the queue, '0' respect it, '1' respect it and join it when refused
+${CONSTANTS}local now = nil
 
 -- Nobody in line: the lock is ours if the key is free, in one command. (The common case, so it comes before any helper
 -- is defined.) The fence is the floor, or the server clock in µs; %d keeps all digits, which Lua's default number
@@ -167,13 +181,12 @@ local queueKey = KEYS[2]             -- waiters: token -> arrival µs
 local deadlinesKey = KEYS[3]         -- waiters: token -> heartbeat deadline µs
 local fenceKey = KEYS[4]             -- last fence handed out (only with heir)
 local token = ARGV[1]                -- the holder's token
-local channel = ARGV[2]              -- wake-up channel of this key
-local queue = ARGV[3]                -- '' when the queue is not used (Redlock)
-local heir = ARGV[4] or ''           -- token of a local waiter to hand the lock to if it is first in line, or ''
-local heirTtl = tonumber(ARGV[5])    -- its lease time in ms
-local heirOwner = ARGV[6]            -- its reentrancy owner
-local retention = tonumber(ARGV[7])  -- ms the fence key outlives the lease
-local now = nil
+local queue = ARGV[2] or ''          -- '' (or none) when the queue is not used (Redlock)
+local heir = ARGV[3] or ''           -- token of a local waiter to hand the lock to if it is first in line, or ''
+local heirTtl = tonumber(ARGV[4])    -- its lease time in ms
+local heirOwner = ARGV[5]            -- its reentrancy owner
+local channel = lockKey .. ':w'      -- wake-up channel of this key
+${CONSTANTS}local now = nil
 
 -- The common case first, before any helper is defined: our only hold, nobody refused meanwhile.
 local cur = redis.call('GET', lockKey)
@@ -219,7 +232,7 @@ local lockKey = KEYS[1]        -- the lock
 local queueKey = KEYS[2]       -- waiters: token -> arrival µs
 local deadlinesKey = KEYS[3]   -- waiters: token -> heartbeat deadline µs
 local token = ARGV[1]          -- the waiter's token
-local channel = ARGV[2]        -- wake-up channel of this key
+local channel = lockKey .. ':w'  -- wake-up channel of this key
 local now = nil
 ${FIRST_LIVE}
 -- A release in our process may have handed us the lock while we were giving up: pass it on.
@@ -245,8 +258,7 @@ local lockKey = KEYS[1]              -- the lock
 local fenceKey = KEYS[2]             -- last fence handed out for this key
 local token = ARGV[1]                -- the holder's token
 local fence = ARGV[2]                -- the fence agreed by the quorum
-local retention = tonumber(ARGV[3])  -- ms the fence key outlives the lease
-local now = nil
+${CONSTANTS}local now = nil
 ${FIRST_LIVE}
 local cur = redis.call('GET', lockKey)
 if not cur then return 0 end
