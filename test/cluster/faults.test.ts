@@ -235,7 +235,8 @@ describe('Cluster faults under traffic', () => {
       const releasedAt = performance.now();
       expect(await holder.release()).toBe(true);
       const woken = await within(waiting, 10_000, 'the waiter across the subscriber node’s death');
-      expect(performance.now() - releasedAt).toBeLessThan(250);
+      // Woken by the release, not by the 1 s poll (with slack for a loaded machine running other suites alongside).
+      expect(performance.now() - releasedAt).toBeLessThan(600);
       expect(woken.fence).toBeGreaterThan(holder.fence);
       await woken.release();
 
