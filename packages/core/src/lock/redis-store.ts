@@ -37,10 +37,6 @@ export function ownerName(owner: string): string {
   return encodeKey(owner);
 }
 
-function isOne(reply: unknown): boolean {
-  return reply === 1;
-}
-
 /** Parses the ACQUIRE script's reply. */
 export function parseAttempt(reply: unknown): AttemptResult {
   const r = reply as [number, string | number, string?, number?];
@@ -104,22 +100,16 @@ export class RedisLockStore implements LockStore {
   release(key: string, token: string): Promise<boolean> {
     const n = lockNames(this.prefix, key);
     const heir = this.local.get(key)?.[0];
-    if (heir === undefined) return this.call('release', () => this.releaseScript(n, token)).then(isOne);
-    const since = this.now();
-    const handOff = (reply: unknown) => {
-      if (Array.isArray(reply)) this.handedTo(key, heir, { ok: true, token: heir.token, fence: Number(reply[1]), ttl: heir.ttl }, since);
-    };
-    return this.call(
-      'release',
-      () =>
-        RELEASE.run(
-          this.client,
-          [n.lock, n.queue, n.deadlines, n.fence],
-          [token, '1', heir.token, heir.ttl, ownerName(heir.owner)],
-        ),
-      handOff,
-    ).then((reply) => {
-      handOff(reply);
+    // The reply is 0 (not held), 1 (released), or {1, fence} when the lock went straight to `heir`.
+    let handOff: ((reply: unknown) => void) | undefined;
+    if (heir !== undefined) {
+      const since = this.now();
+      handOff = (reply) => {
+        if (Array.isArray(reply)) this.handedTo(key, heir, { ok: true, token: heir.token, fence: Number(reply[1]), ttl: heir.ttl }, since);
+      };
+    }
+    return this.call('release', () => this.releaseScript(n, token, heir), handOff).then((reply) => {
+      handOff?.(reply);
       return reply !== 0;
     });
   }
@@ -174,8 +164,14 @@ export class RedisLockStore implements LockStore {
     return true;
   }
 
-  private releaseScript(n: LockNames, token: string): Promise<unknown> {
-    return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token, '1']);
+  /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
+  private releaseScript(n: LockNames, token: string, heir?: LocalWaiter): Promise<unknown> {
+    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token, '1']);
+    return RELEASE.run(
+      this.client,
+      [n.lock, n.queue, n.deadlines, n.fence],
+      [token, '1', heir.token, heir.ttl, ownerName(heir.owner)],
+    );
   }
 
   // A plain promise chain, not an async function: this runs twice per lock cycle, and every await costs a tick.

@@ -125,13 +125,8 @@ export class RedisBucketStore implements BucketStore {
       () => TAKE.run(this.client, [name], [this.params.capacity, this.params.interval, cost, commit ? '1' : '0']),
       // A take that lands after its caller gave up (a stalled server) spent tokens nobody used: give them back while
       // nothing else has touched the bucket since. (A low-rate key, say 3 SMS per 10 minutes, would otherwise lose one.)
-      (late) => {
-        const reply = late as TakeReply;
-        if (!commit || reply[0] !== 1 || reply[5] === '') return;
-        bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [reply[5], Math.ceil(cost * this.params.interval)])).catch(
-          () => undefined,
-        );
-      },
+      // A peek spends nothing, so it needs no such hook.
+      commit ? (late) => this.refund(name, late as TakeReply, cost) : undefined,
     ).then((result) => {
       const reply = result as TakeReply;
       const decision: Decision = {
@@ -162,6 +157,14 @@ export class RedisBucketStore implements BucketStore {
     if (low <= now) return;
     if (this.denied.size >= this.deniedMax) this.denied.delete(this.denied.keys().next().value as string);
     this.denied.set(key, { tat, low, until: now + DENY_CACHE_MS * 1_000 });
+  }
+
+  /** Gives back the tokens of an admitting take whose caller gave up, while the bucket still holds what it stored. */
+  private refund(name: string, reply: TakeReply, cost: number): void {
+    if (reply[0] !== 1 || reply[5] === '') return;
+    // The µs TAKE added for `cost` (the same expression as in the script).
+    const spent = Math.ceil(cost * this.params.interval);
+    bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [reply[5], spent])).catch(() => undefined);
   }
 
   private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
