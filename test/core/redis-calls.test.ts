@@ -33,6 +33,26 @@ async function commandStats(name: string): Promise<{ calls: number; failed: numb
   return m ? { calls: Number(m[1]), failed: Number(m[2]) + Number(m[3]) } : { calls: 0, failed: 0 };
 }
 
+/** Two RedisLocks on `prefix`, each on its own connection, as two processes would have them; `close` ends both. */
+function twoLockers(prefix: string, options: { ttl?: number } = {}): { ours: RedisLock; theirs: RedisLock; close(): void } {
+  const clients = [node.client(), node.client()];
+  const [ours, theirs] = clients.map((c) => new RedisLock(c, { prefix, ...options })) as [RedisLock, RedisLock];
+  return {
+    ours,
+    theirs,
+    close: () => {
+      ours.close();
+      theirs.close();
+      for (const c of clients) c.disconnect();
+    },
+  };
+}
+
+/** Waits until `n` waiters are in the line of `key` under `prefix`. */
+function queued(prefix: string, key: string, n: number, what: string): Promise<void> {
+  return until(async () => (await admin.zcard(lockNames(prefix, key).queue)) === n, 2_000, what);
+}
+
 describe('Redis calls', () => {
   it('writes the calls made in one tick on one client together: 50 acquires and 50 releases in a few reads', async () => {
     const client = node.client();
@@ -170,11 +190,9 @@ describe('Redis calls', () => {
   });
 
   it('publishes a release only when a waiter of another process is queued, and then wakes it at once', async () => {
-    const client = node.client();
-    const other = node.client();
     const prefix = uniquePrefix('publish');
-    const locks = new RedisLock(client, { prefix });
-    const theirs = new RedisLock(other, { prefix });
+    const pair = twoLockers(prefix);
+    const { ours: locks, theirs } = pair;
     await (await locks.acquire('warm')).release();
     await (await theirs.acquire('warm')).release();
     await admin.config('RESETSTAT');
@@ -183,7 +201,7 @@ describe('Redis calls', () => {
     const held = await locks.acquire('k');
     const waiter = theirs.acquire('k', { wait: 10_000 });
     // The waiter is in line (and so listening: it queues before it subscribes, and subscribes before it sleeps).
-    await until(async () => (await admin.zcard(lockNames(prefix, 'k').queue)) === 1, 2_000, 'the waiter to queue');
+    await queued(prefix, 'k', 1, 'the waiter to queue');
     const released = performance.now();
     await held.release();
     const next = await within(waiter, 2_000, 'the waiter');
@@ -192,10 +210,7 @@ describe('Redis calls', () => {
     expect(next.fence).toBeGreaterThan(held.fence);
     expect((await commandStats('publish')).calls).toBe(1);
     await next.release();
-    locks.close();
-    theirs.close();
-    client.disconnect();
-    other.disconnect();
+    pair.close();
   });
 
   it('hands a released lock straight to a waiter of the same locker that is first in line: one call, no wake-up', async () => {
@@ -205,7 +220,7 @@ describe('Redis calls', () => {
     const locks = new RedisLock(client, { prefix, ttl: 20_000 });
     const held = await locks.acquire('k');
     const waiter = locks.acquire('k', { wait: 10_000, owner: 'job-2' });
-    await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the waiter to queue');
+    await queued(prefix, 'k', 1, 'the waiter to queue');
     await admin.config('RESETSTAT');
     const before = Date.now();
     expect(await held.release()).toBe(true);
@@ -233,18 +248,15 @@ describe('Redis calls', () => {
 
   it('hands the lock to the first in line even when a waiter of the releasing locker is behind it', async () => {
     const prefix = uniquePrefix('order');
-    const names = lockNames(prefix, 'k');
-    const client = node.client();
-    const other = node.client();
-    const locks = new RedisLock(client, { prefix });
-    const theirs = new RedisLock(other, { prefix });
+    const pair = twoLockers(prefix);
+    const { ours: locks, theirs } = pair;
     const held = await locks.acquire('k');
     const remote = theirs.acquire('k', { wait: 10_000 });
-    await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the remote waiter to queue');
+    await queued(prefix, 'k', 1, 'the remote waiter to queue');
     let localDone = false;
     const local = locks.acquire('k', { wait: 10_000 });
     void local.then(() => (localDone = true));
-    await until(async () => (await admin.zcard(names.queue)) === 2, 2_000, 'the local waiter to queue');
+    await queued(prefix, 'k', 2, 'the local waiter to queue');
     await held.release();
     const first = await within(remote, 2_000, 'the remote waiter');
     expect(localDone).toBe(false);
@@ -252,24 +264,19 @@ describe('Redis calls', () => {
     const second = await within(local, 2_000, 'the local waiter');
     expect(second.fence).toBeGreaterThan(first.fence);
     expect(await second.release()).toBe(true);
-    locks.close();
-    theirs.close();
-    client.disconnect();
-    other.disconnect();
+    pair.close();
   });
 
   it('never strands a lock handed to a waiter that gives up at the same moment', async () => {
     const prefix = uniquePrefix('giveup');
     const names = lockNames(prefix, 'k');
-    const client = node.client();
-    const other = node.client();
-    const locks = new RedisLock(client, { prefix, ttl: 30_000 });
-    const theirs = new RedisLock(other, { prefix, ttl: 30_000 });
+    const pair = twoLockers(prefix, { ttl: 30_000 });
+    const { ours: locks, theirs } = pair;
     for (let i = 0; i < 24; i++) {
       const held = await locks.acquire('k');
       const stop = new AbortController();
       const waiter = locks.acquire('k', { wait: 10_000, signal: stop.signal });
-      await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the waiter to queue');
+      await queued(prefix, 'k', 1, 'the waiter to queue');
       // The abort lands before, with, or after the release's hand-off.
       const release = held.release();
       if (i % 3 === 0) stop.abort();
@@ -286,10 +293,7 @@ describe('Redis calls', () => {
       }
       await until(async () => (await admin.exists(names.lock)) === 0, 2_000, 'the lock to be free');
     }
-    locks.close();
-    theirs.close();
-    client.disconnect();
-    other.disconnect();
+    pair.close();
   });
 
   it('hands out a fence above a stored fence that is ahead of the server clock', async () => {
@@ -308,24 +312,21 @@ describe('Redis calls', () => {
   });
 
   it('lets a waiter on a key waited on lately listen first: one refused attempt, then woken by the release', async () => {
-    const client = node.client();
-    const other = node.client();
     const prefix = uniquePrefix('hot');
     // The holders are another process, so the waiters are woken (a release in their own locker hands over directly).
-    const holders = new RedisLock(other, { prefix });
-    const locks = new RedisLock(client, { prefix });
-    const queued = (n: number) => until(async () => (await admin.zcard(lockNames(prefix, 'k').queue)) === n, 2_000, 'the queue');
+    const pair = twoLockers(prefix);
+    const { ours: locks, theirs: holders } = pair;
     const first = await holders.acquire('k');
     // A cold key: attempt, subscribe, attempt again.
     const second = locks.acquire('k', { wait: 10_000 });
-    await queued(1);
+    await queued(prefix, 'k', 1, 'the queue');
     await first.release();
     await (await second).release();
     const held = await holders.acquire('k');
     // Now the key is hot: the next waiter listens before its attempt and sends only that one before sleeping.
     await admin.config('RESETSTAT');
     const third = locks.acquire('k', { wait: 10_000 });
-    await queued(1);
+    await queued(prefix, 'k', 1, 'the queue');
     expect((await commandStats('evalsha')).calls).toBe(1);
     const released = performance.now();
     await held.release();
@@ -335,10 +336,7 @@ describe('Redis calls', () => {
     // Its attempt, the release, its attempt once woken.
     expect((await commandStats('evalsha')).calls).toBe(3);
     await last.release();
-    locks.close();
-    holders.close();
-    client.disconnect();
-    other.disconnect();
+    pair.close();
   });
 
   it('fails a batch in flight when the server dies, then works again on the same client after a restart', async () => {
