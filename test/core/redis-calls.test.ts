@@ -2,8 +2,9 @@
 // connection is one EVAL (no NOSCRIPT round trip), and every call still fails within its timeout on a frozen server.
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { LockUnavailableError, RedisLock, Redlock, type Lease } from '../../packages/core/src/index.js';
+import { LockBusyError, LockUnavailableError, RedisLock, Redlock, type Lease } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { FENCE_RETENTION_MS } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { rejection, uniquePrefix, until, within } from './helpers.js';
 
@@ -308,6 +309,45 @@ describe('Redis calls', () => {
     expect(second.fence).toBe(ahead + 2);
     expect(await admin.get(lockNames(prefix, 'k').fence)).toBe(String(ahead + 2));
     await second.release();
+    locks.close();
+  });
+
+  it('counts fences up from the server clock, keeps the fence key’s expiry, and starts over above them once it is gone', async () => {
+    const prefix = uniquePrefix('count');
+    const ttl = 5_000;
+    const locks = new RedisLock(admin, { prefix, ttl });
+    const fenceKey = lockNames(prefix, 'k').fence;
+    const micros = async () => {
+      const [s, us] = await admin.time();
+      return Number(s) * 1_000_000 + Number(us);
+    };
+    const before = await micros();
+    const first = await locks.acquire('k');
+    const after = await micros();
+    // A new key starts at the server clock, and its fence key lives ttl + retention (FENCE_RETENTION_MS).
+    expect(first.fence).toBeGreaterThanOrEqual(before);
+    expect(first.fence).toBeLessThanOrEqual(after);
+    const created = await admin.pttl(fenceKey);
+    expect(created).toBeGreaterThan(FENCE_RETENTION_MS);
+    expect(created).toBeLessThanOrEqual(FENCE_RETENTION_MS + ttl);
+    // A refused attempt while it is held takes a fence too: the next lease's fence is still larger, never equal.
+    const other = new RedisLock(admin, { prefix });
+    await expect(other.acquire('k')).rejects.toBeInstanceOf(LockBusyError);
+    other.close();
+    await first.release();
+    const second = await locks.acquire('k');
+    expect(second.fence).toBeGreaterThan(first.fence);
+    expect(second.fence).toBeLessThanOrEqual(first.fence + 2);
+    await second.release();
+    // Later leases leave the expiry alone (INCR), so a busy key's fence key still goes away in time.
+    expect(await admin.pttl(fenceKey)).toBeLessThanOrEqual(created);
+    // Gone (expired): the next fence comes from the clock again, above every fence before it.
+    await admin.del(fenceKey);
+    const third = await locks.acquire('k');
+    expect(third.fence).toBeGreaterThan(second.fence);
+    expect(third.fence).toBeGreaterThanOrEqual(await micros() - 60_000_000);
+    expect(await admin.pttl(fenceKey)).toBeGreaterThan(FENCE_RETENTION_MS);
+    await third.release();
     locks.close();
   });
 
