@@ -8,7 +8,7 @@
 // quorum meets it on at least one node, which it can only lock after the earlier lease left that node, and there it
 // reads a stored fence >= F: its own fence is larger. The floor (client clock, µs) only matters once a fence key expired.
 import { LockUnavailableError } from '../errors.js';
-import { bounded } from '../redis/call.js';
+import { bounded, boundedAll, type Outcome } from '../redis/call.js';
 import { Wakeups } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { randomToken } from '../util/token.js';
@@ -24,8 +24,6 @@ const KEY_BYTES_PER_MS = 2_048;
 
 // Results of rounds that ended in a split vote (no token reached the quorum, and not because the key is held).
 const SPLIT_VOTES = new WeakSet<AttemptResult>();
-
-type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown } | undefined;
 
 export interface RedlockSettings {
   prefix: string;
@@ -78,8 +76,13 @@ export class RedlockStore implements LockStore {
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     const timeout = this.nodeTimeout(ttl, n.lock);
-    const outcomes = await gather(
-      this.clients.map((c) => bounded(c, timeout, () => EXTEND.run(c, [n.lock], [token, ttl]).then(Number))),
+    const keys = [n.lock];
+    const args = [token, ttl];
+    const outcomes = await boundedAll(
+      this.clients,
+      timeout,
+      (c) => EXTEND.run(c, keys, args),
+      Number,
       (o) => count(o, (v) => v >= 0) >= q || count(o, (v) => v < 0) > this.clients.length - q,
     );
     const kept = values(outcomes).filter((v) => v >= 0);
@@ -96,8 +99,11 @@ export class RedlockStore implements LockStore {
     // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
     const keys = [n.lock];
     const args = [token];
-    const outcomes = await gather(
-      this.clients.map((c) => bounded(c, this.s.timeout, () => RELEASE.run(c, keys, args).then(Number))),
+    const outcomes = await boundedAll(
+      this.clients,
+      this.s.timeout,
+      (c) => RELEASE.run(c, keys, args),
+      Number,
       (o) => {
         const freed = count(o, (v) => v === 1);
         const failed = failedCount(o);
@@ -162,7 +168,8 @@ export class RedlockStore implements LockStore {
     // Replies that land after the decision wait here until the verdict (which lease, if any, to keep) is known.
     const decided: { verdict?: (c: RedisClient, r: AttemptResult) => void } = {};
     const strays: [RedisClient, AttemptResult][] = [];
-    const stray = (c: RedisClient) => (r: AttemptResult) => {
+    const stray = (i: number, r: AttemptResult) => {
+      const c = this.clients[i]!;
       if (decided.verdict) decided.verdict(c, r);
       else strays.push([c, r]);
     };
@@ -170,15 +177,11 @@ export class RedlockStore implements LockStore {
     // No line on Redlock nodes: no queue names and no queue mode (the script reads them only with a queue).
     const keys = [n.lock, n.fence];
     const args = [token, ttl, ownerName(owner), floor];
-    const outcomes = await gather(
-      this.clients.map((c) =>
-        bounded(
-          c,
-          timeout,
-          () => ACQUIRE.run(c, keys, args).then(parseAttempt),
-          stray(c),
-        ),
-      ),
+    const outcomes = await boundedAll(
+      this.clients,
+      timeout,
+      (c) => ACQUIRE.run(c, keys, args),
+      parseAttempt,
       // Votes count per token (a reentry votes for the lock's existing token). Settle once one token has a quorum; or
       // once none can get one and the answers so far already tell what kind of failure it is (down, busy, split).
       (o) => {
@@ -187,7 +190,7 @@ export class RedlockStore implements LockStore {
         if (best + pending >= q) return false;
         return pending === 0 || (failed + pending <= total - q && busy + pending <= total - q);
       },
-      (i, r) => stray(this.clients[i]!)(r),
+      stray,
     );
     const grants = grantsOf(outcomes);
     const lockToken = majorityToken(grants);
@@ -279,12 +282,13 @@ export class RedlockStore implements LockStore {
     timeout: number,
     winners: readonly (object | undefined)[],
   ): Promise<boolean> {
-    const outcomes = await gather(
-      this.clients.map((c, i) =>
-        winners[i] === undefined
-          ? Promise.resolve(0)
-          : bounded(c, timeout, () => RAISE_FENCE.run(c, [n.lock, n.fence], [token, String(fence)]).then(Number)),
-      ),
+    const keys = [n.lock, n.fence];
+    const args = [token, String(fence)];
+    const outcomes = await boundedAll(
+      this.clients,
+      timeout,
+      (c, i) => (winners[i] === undefined ? Promise.resolve(0) : RAISE_FENCE.run(c, keys, args)),
+      Number,
       (o) => count(o, (v) => v === 1) >= this.s.quorum,
     );
     return count(outcomes, (v) => v === 1) >= this.s.quorum;
@@ -310,45 +314,6 @@ export class RedlockStore implements LockStore {
     );
     return new LockUnavailableError(`lock ${what} failed: no quorum of ${this.s.quorum} of ${this.clients.length} nodes (${detail})`, { cause });
   }
-}
-
-/**
- * Runs all promises; resolves with what settled so far once `done` says so, or when all have settled. Values that
- * arrive after that go to `late` (by index).
- */
-function gather<T>(
-  promises: readonly Promise<T>[],
-  done: (outcomes: readonly Outcome<T>[]) => boolean,
-  late?: (index: number, value: T) => void,
-): Promise<Outcome<T>[]> {
-  const outcomes: Outcome<T>[] = promises.map(() => undefined);
-  let left = promises.length;
-  return new Promise((resolve) => {
-    let finished = false;
-    const check = () => {
-      if (finished) return;
-      if (left === 0 || done(outcomes)) {
-        finished = true;
-        resolve(outcomes.slice());
-      }
-    };
-    promises.forEach((p, i) => {
-      p.then(
-        (value) => {
-          if (!finished) outcomes[i] = { ok: true, value };
-          else late?.(i, value);
-          left--;
-          check();
-        },
-        (error: unknown) => {
-          if (!finished) outcomes[i] = { ok: false, error };
-          left--;
-          check();
-        },
-      );
-    });
-    check();
-  });
 }
 
 // The counters below run on every node's answer of every round: plain loops, no intermediate arrays.

@@ -75,6 +75,97 @@ export function bounded<T>(
   });
 }
 
+/** What one client answered in a round of `boundedAll`: undefined while (or if never) it answered in time. */
+export type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown } | undefined;
+
+/**
+ * Sends one call to each client at once and collects the answers, like `bounded` for each of them but with one deadline
+ * for the whole round and one handler per answer (no promise per client besides the client's own). Resolves with the
+ * outcomes so far once `done` says so, or when every client answered or failed; a client that has not answered by
+ * `timeout` ms counts as failed. Answers after that go to `late` (by index), so side effects can be undone.
+ */
+export function boundedAll<T>(
+  clients: readonly RedisClient[],
+  timeout: number,
+  send: (client: RedisClient, index: number) => Promise<unknown>,
+  parse: (reply: unknown) => T,
+  done: (outcomes: readonly Outcome<T>[]) => boolean,
+  late?: (index: number, value: T) => void,
+): Promise<Outcome<T>[]> {
+  const n = clients.length;
+  const outcomes: Outcome<T>[] = new Array<Outcome<T>>(n).fill(undefined);
+  let left = n;
+  let finished = false;
+  let entry: Entry | undefined;
+  return new Promise((resolve) => {
+    const finish = () => {
+      finished = true;
+      if (entry !== undefined) settle(entry);
+      resolve(outcomes.slice());
+    };
+    const check = () => {
+      if (!finished && (left === 0 || done(outcomes))) finish();
+    };
+    const answer = (i: number, reply: unknown) => {
+      if (finished) {
+        if (late === undefined) return;
+        let value: T;
+        try {
+          value = parse(reply);
+        } catch {
+          return;
+        }
+        late(i, value);
+        return;
+      }
+      left--;
+      try {
+        outcomes[i] = { ok: true, value: parse(reply) };
+      } catch (error) {
+        outcomes[i] = { ok: false, error };
+      }
+      check();
+    };
+    const fail = (i: number, error: unknown) => {
+      if (finished) return;
+      left--;
+      outcomes[i] = { ok: false, error };
+      check();
+    };
+    for (let i = 0; i < n; i++) {
+      const client = clients[i]!;
+      const down = unavailable(client);
+      if (down) {
+        left--;
+        outcomes[i] = { ok: false, error: down };
+        continue;
+      }
+      let pending: Promise<unknown>;
+      try {
+        pending = send(client, i);
+      } catch (error) {
+        left--;
+        outcomes[i] = { ok: false, error };
+        continue;
+      }
+      pending.then(
+        (reply) => answer(i, reply),
+        (error: unknown) => fail(i, error),
+      );
+    }
+    check();
+    if (finished) return;
+    entry = watch(timeout, () => {
+      if (finished) return;
+      for (let i = 0; i < n; i++) {
+        if (outcomes[i] === undefined) outcomes[i] = { ok: false, error: new RedisCallError(`Redis did not answer within ${timeout} ms`) };
+      }
+      finished = true;
+      resolve(outcomes.slice());
+    });
+  });
+}
+
 // Deadlines without a timer per call: calls with the same timeout expire in the order they started, so each distinct
 // timeout keeps a FIFO line of calls and one timer armed for the oldest call still pending. A settled call is only
 // flagged (and dropped once it reaches the head), so the hot path does no timer work at all.
