@@ -40,23 +40,30 @@ export function unavailable(client: RedisClient): RedisCallError | undefined {
 /**
  * Runs `op` against `client`, failing fast while the client is reconnecting and after `timeout` ms otherwise.
  * When the operation completes after the caller gave up, `late` receives its result so side effects can be undone.
+ * `map` turns the reply into the result and `wrap` turns any failure into the caller's error, inside the one promise
+ * this returns (a lock cycle runs this twice, and every extra `.then` or `.catch` is one more promise and tick).
  */
-export function bounded<T>(
+export function bounded<T, R = T>(
   client: RedisClient,
   timeout: number,
   op: () => Promise<T>,
   late?: (result: T) => void,
-): Promise<T> {
+  map?: (result: T) => R,
+  wrap?: (error: unknown) => unknown,
+): Promise<R> {
   const down = unavailable(client);
-  if (down) return Promise.reject(down);
+  if (down) return Promise.reject(wrap ? wrap(down) : down);
   let pending: Promise<T>;
   try {
     pending = op();
   } catch (error) {
-    return Promise.reject(error);
+    return Promise.reject(wrap ? wrap(error) : error);
   }
-  return new Promise<T>((resolve, reject) => {
-    const entry = watch(timeout, () => reject(new RedisCallError(`Redis did not answer within ${timeout} ms`)));
+  return new Promise<R>((resolve, reject) => {
+    const entry = watch(timeout, () => {
+      const error = new RedisCallError(`Redis did not answer within ${timeout} ms`);
+      reject(wrap ? wrap(error) : error);
+    });
     pending.then(
       (value) => {
         if (entry.expired) {
@@ -64,12 +71,20 @@ export function bounded<T>(
           return;
         }
         settle(entry);
-        resolve(value);
+        if (map === undefined) {
+          resolve(value as unknown as R);
+          return;
+        }
+        try {
+          resolve(map(value));
+        } catch (error) {
+          reject(wrap ? wrap(error) : error);
+        }
       },
       (error: unknown) => {
         if (entry.expired) return;
         settle(entry);
-        reject(error);
+        reject(wrap ? wrap(error) : error);
       },
     );
   });
