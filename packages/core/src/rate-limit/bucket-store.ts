@@ -168,15 +168,15 @@ export class RedisBucketStore implements BucketStore {
   }
 
   private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
-    return bounded(this.client, this.timeout, op, late).then(undefined, unavailable);
+    return bounded(this.client, this.timeout, op, late, undefined, unavailable);
   }
 }
 
 /** TAKE's reply: allowed, remaining, retryAfter ms, resetAfter ms, resetAfter µs, the TAT it stored ('' for none). */
 type TakeReply = [number, number, number, number, number, string];
 
-function unavailable(error: unknown): never {
-  throw new RateLimitUnavailableError(`token bucket store failed: ${(error as Error).message}`, { cause: error });
+function unavailable(error: unknown): RateLimitUnavailableError {
+  return new RateLimitUnavailableError(`token bucket store failed: ${(error as Error).message}`, { cause: error });
 }
 
 // Whole microseconds on the monotonic clock: immune to wall-clock steps, the unit of the GCRA arithmetic.

@@ -51,19 +51,17 @@ export function bounded<T, R = T>(
   map?: (result: T) => R,
   wrap?: (error: unknown) => unknown,
 ): Promise<R> {
+  const fail = wrap ?? same;
   const down = unavailable(client);
-  if (down) return Promise.reject(wrap ? wrap(down) : down);
+  if (down) return Promise.reject(fail(down));
   let pending: Promise<T>;
   try {
     pending = op();
   } catch (error) {
-    return Promise.reject(wrap ? wrap(error) : error);
+    return Promise.reject(fail(error));
   }
   return new Promise<R>((resolve, reject) => {
-    const entry = watch(timeout, () => {
-      const error = new RedisCallError(`Redis did not answer within ${timeout} ms`);
-      reject(wrap ? wrap(error) : error);
-    });
+    const entry = watch(timeout, () => reject(fail(timedOut(timeout))));
     pending.then(
       (value) => {
         if (entry.expired) {
@@ -78,16 +76,24 @@ export function bounded<T, R = T>(
         try {
           resolve(map(value));
         } catch (error) {
-          reject(wrap ? wrap(error) : error);
+          reject(fail(error));
         }
       },
       (error: unknown) => {
         if (entry.expired) return;
         settle(entry);
-        reject(wrap ? wrap(error) : error);
+        reject(fail(error));
       },
     );
   });
+}
+
+function same(error: unknown): unknown {
+  return error;
+}
+
+function timedOut(timeout: number): RedisCallError {
+  return new RedisCallError(`Redis did not answer within ${timeout} ms`);
 }
 
 /** What one client answered in a round of `boundedAll`: undefined while (or if never) it answered in time. */
@@ -115,7 +121,7 @@ export function boundedAll<T>(
   return new Promise((resolve) => {
     const finish = () => {
       finished = true;
-      if (entry !== undefined) settle(entry);
+      if (entry !== undefined && !entry.expired) settle(entry);
       resolve(outcomes.slice());
     };
     const check = () => {
@@ -171,12 +177,8 @@ export function boundedAll<T>(
     check();
     if (finished) return;
     entry = watch(timeout, () => {
-      if (finished) return;
-      for (let i = 0; i < n; i++) {
-        if (outcomes[i] === undefined) outcomes[i] = { ok: false, error: new RedisCallError(`Redis did not answer within ${timeout} ms`) };
-      }
-      finished = true;
-      resolve(outcomes.slice());
+      for (let i = 0; i < n; i++) if (outcomes[i] === undefined) outcomes[i] = { ok: false, error: timedOut(timeout) };
+      finish();
     });
   });
 }
