@@ -1,8 +1,8 @@
-// How hasp talks to Redis on its hot path: calls made together go out in one write, a script's first call on a
-// connection is one EVAL (no NOSCRIPT round trip), and every call still fails within its timeout on a frozen server.
+// How hasp talks to Redis on its hot path: calls made together go out merged into one command, a script's first call on
+// a connection is one EVAL (no NOSCRIPT round trip), and every call still fails within its timeout on a frozen server.
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { LockBusyError, LockUnavailableError, RedisLock, Redlock, type Lease } from '../../packages/core/src/index.js';
+import { LockBusyError, LockUnavailableError, RedisLock, Redlock, TokenBucket, type Lease } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { FENCE_RETENTION_MS } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
@@ -75,6 +75,91 @@ describe('Redis calls', () => {
     expect(afterRelease - afterAcquire).toBeLessThanOrEqual(10);
     // Every lock is free again.
     expect((await Promise.all(keys.map((k) => locks.tryAcquire(k)))).every((l) => l !== null)).toBe(true);
+    locks.close();
+    client.disconnect();
+  });
+
+  it('merges the calls made in one turn on one connection into a few commands, and answers each call its own reply', async () => {
+    const client = node.client();
+    await client.ping();
+    const prefix = uniquePrefix('merge');
+    const locks = new RedisLock(client, { prefix });
+    const bucket = new TokenBucket({ capacity: 2, rate: '1/min', redis: client, prefix });
+    await (await locks.acquire('warm')).release();
+    await admin.config('RESETSTAT');
+    // 50 acquires and 30 takes (10 keys × 3, the third of each refused) in one turn: batches of at most 8 per command.
+    const leasesP = Array.from({ length: 50 }, (_, i) => locks.acquire(`k${i}`));
+    const takesP = Array.from({ length: 30 }, (_, i) => bucket.take(`b${i % 10}`));
+    const [leases, takes] = await Promise.all([Promise.all(leasesP), Promise.all(takesP)]);
+    const scripts = (await commandStats('evalsha')).calls + (await commandStats('eval')).calls;
+    expect(scripts).toBeGreaterThanOrEqual(2);
+    expect(scripts).toBeLessThanOrEqual(10);
+    expect(new Set(leases.map((l) => l.fence)).size).toBe(50);
+    expect(takes.map((t) => t.allowed)).toEqual([...Array<boolean>(20).fill(true), ...Array<boolean>(10).fill(false)]);
+    expect(takes.slice(0, 10).every((t) => t.remaining === 1)).toBe(true);
+    expect(takes.slice(20).every((t) => t.remaining === 0 && t.retryAfter > 0)).toBe(true);
+    expect((await Promise.all(leases.map((l) => l.release()))).every(Boolean)).toBe(true);
+    expect(await admin.exists(...leases.map((_, i) => lockNames(prefix, `k${i}`).lock))).toBe(0);
+    locks.close();
+    client.disconnect();
+  });
+
+  it('runs merged calls in the order they were made, and an error fails its own call only', async () => {
+    const client = node.client();
+    await client.ping();
+    const prefix = uniquePrefix('order');
+    const one = new RedisLock(client, { prefix });
+    const two = new RedisLock(client, { prefix });
+    await (await one.acquire('warm')).release();
+    // A key of the wrong type makes that call's script fail inside the merged command.
+    await admin.hset(lockNames(prefix, 'bad').lock, 'x', '1');
+    await admin.config('RESETSTAT');
+    const firstOne = one.tryAcquire('a');
+    const firstTwo = two.tryAcquire('b');
+    const bad = rejection(one.tryAcquire('bad'));
+    const thenTwo = two.tryAcquire('a');
+    const thenOne = one.tryAcquire('b');
+    const [a, b, error, a2, b2] = await Promise.all([firstOne, firstTwo, bad, thenTwo, thenOne]);
+    // One command for all five, run in call order: the first caller of each key holds it, the second is refused.
+    expect((await commandStats('evalsha')).calls + (await commandStats('eval')).calls).toBe(1);
+    expect(a).not.toBeNull();
+    expect(b).not.toBeNull();
+    expect(a2).toBeNull();
+    expect(b2).toBeNull();
+    expect(error).toBeInstanceOf(LockUnavailableError);
+    expect((error as Error).message).toMatch(/WRONGTYPE/);
+    // A release and an acquire of the same key in one turn: the release runs first, so the acquire gets the key.
+    const released = a!.release();
+    const again = two.tryAcquire('a');
+    expect(await released).toBe(true);
+    const next = await again;
+    expect(next).not.toBeNull();
+    expect(next!.fence).toBeGreaterThan(a!.fence);
+    // A command the app sends on the same client from a later callback runs after the call made before it.
+    const later = one.tryAcquire('c');
+    const seen = await new Promise<number>((resolve, reject) => {
+      setImmediate(() => client.exists(lockNames(prefix, 'c').lock).then(resolve, reject));
+    });
+    expect(seen).toBe(1);
+    await Promise.all([next!.release(), b!.release(), (await later)!.release()]);
+    one.close();
+    two.close();
+    client.disconnect();
+  });
+
+  it('sends a merged command as EVAL when the server lost its script, and still answers every call', async () => {
+    const client = node.client();
+    await client.ping();
+    const locks = new RedisLock(client, { prefix: uniquePrefix('merge-flush') });
+    await Promise.all((await Promise.all([locks.acquire('w1'), locks.acquire('w2')])).map((l) => l.release()));
+    await admin.script('FLUSH');
+    await admin.config('RESETSTAT');
+    const leases = await Promise.all(Array.from({ length: 6 }, (_, i) => locks.acquire(`k${i}`)));
+    expect(new Set(leases.map((l) => l.fence)).size).toBe(6);
+    // EVALSHA of the merged script failed with NOSCRIPT once, then one EVAL carried all six calls.
+    expect(await commandStats('evalsha')).toEqual({ calls: 1, failed: 1 });
+    expect((await commandStats('eval')).calls).toBe(1);
+    expect((await Promise.all(leases.map((l) => l.release()))).every(Boolean)).toBe(true);
     locks.close();
     client.disconnect();
   });

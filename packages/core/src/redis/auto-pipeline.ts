@@ -24,13 +24,13 @@ const BATCH_PER_SOCKET = 8;
  * without a single socket (Cluster: each node has its own; a command's node is only known inside ioredis) and on
  * connections that are not ready (commands then wait in ioredis's offline queue, which bounded() refuses anyway).
  */
-export function batchWrites(client: object): void {
+export function batchWrites(client: object, calls = 1): void {
   const { stream, status } = client as { stream?: Partial<Corkable>; status?: string };
   if (status !== 'ready' || stream === undefined || typeof stream.cork !== 'function') return;
   const socket = stream as Corkable;
   const buffered = corked.get(socket);
   if (buffered === undefined) {
-    corked.set(socket, 1);
+    corked.set(socket, calls);
     socket.cork();
     // Uncork after this turn of the event loop's I/O phase, not after this tick: an HTTP server reads many requests in
     // one turn, and their commands then share one write instead of one write each. Uncorked exactly once, even if the
@@ -41,10 +41,24 @@ export function batchWrites(client: object): void {
     // the server idle while the client works, and then the client idle while the server works.
     socket.uncork();
     socket.cork();
-    corked.set(socket, 1);
+    corked.set(socket, calls);
   } else {
-    corked.set(socket, buffered + 1);
+    corked.set(socket, buffered + calls);
   }
+}
+
+/**
+ * After writing a merged command on `client` (counted by `batchWrites(client, calls)`): sends what this socket holds
+ * once it has a write's worth of calls, instead of at the end of the turn.
+ */
+export function sendIfFull(client: object): void {
+  const socket = (client as { stream?: Corkable }).stream;
+  if (socket === undefined) return;
+  const buffered = corked.get(socket);
+  if (buffered === undefined || buffered < BATCH_PER_SOCKET * corked.size) return;
+  socket.uncork();
+  socket.cork();
+  corked.set(socket, 0);
 }
 
 function uncork(socket: Corkable): void {
