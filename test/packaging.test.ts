@@ -61,6 +61,11 @@ async function main(label) {
     }
   }
 
+  // One copy of the code behind both entry points (per module format): the adapters' buckets and lockers are
+  // @hasp/core's own classes, and state kept per Redis connection exists once.
+  const limiter = new http.RateLimiter({ capacity: 1, rate: 1 }, () => 'k');
+  assert.ok(limiter.bucket instanceof core.TokenBucket, label + ': @hasp/core/http builds @hasp/core classes');
+
   const lease = await new core.MemoryLock().tryAcquire('k');
   assert.ok(lease, label + ': MemoryLock.tryAcquire on a free key returns a lease');
   assert.equal(typeof lease.fence, 'number', label + ': lease.fence is a number');
@@ -89,6 +94,7 @@ const cjsScript = `'use strict';
 const LABEL = 'require';
 const assert = require('node:assert/strict');
 const core = require('@hasp/core');
+const http = require('@hasp/core/http');
 const express = require('@hasp/express');
 const koa = require('@hasp/koa');
 const deepImport = () => require.resolve('@hasp/core/dist/index.js');
@@ -96,6 +102,7 @@ ${checks}`;
 
 const esmScript = `import assert from 'node:assert/strict';
 import * as core from '@hasp/core';
+import * as http from '@hasp/core/http';
 import * as express from '@hasp/express';
 import * as koa from '@hasp/koa';
 const LABEL = 'import';

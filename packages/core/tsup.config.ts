@@ -7,5 +7,7 @@ export default defineConfig({
   sourcemap: true,
   clean: true,
   target: 'node20',
-  splitting: false,
+  // One copy of the shared code behind both entry points: two would keep two sets of per-connection state (merged
+  // calls, script caches, wake-up subscriptions) for the same client, and ordering between them would be lost.
+  splitting: true,
 });
