@@ -104,6 +104,38 @@ describe('Redis calls', () => {
     client.disconnect();
   });
 
+  it('merges takes from separate callbacks of one event-loop turn (as an HTTP server makes them), and sends a release at the end of its own callback', async () => {
+    const client = node.client();
+    await client.ping();
+    const prefix = uniquePrefix('turn');
+    const bucket = new TokenBucket({ capacity: 5, rate: '1/min', redis: client, prefix });
+    const locks = new RedisLock(client, { prefix });
+    await bucket.take('warm');
+    const held = await locks.acquire('r');
+    await admin.config('RESETSTAT');
+    // Eight immediates queued together run in one check phase, each a callback of its own (8: one full command).
+    const takes = await new Promise<Promise<unknown>[]>((resolve) => {
+      const out: Promise<unknown>[] = [];
+      for (let i = 0; i < 8; i++) {
+        setImmediate(() => {
+          out.push(bucket.take(`k${i % 2}`));
+          if (out.length === 8) resolve(out);
+        });
+      }
+    });
+    const decisions = (await Promise.all(takes)) as { allowed: boolean }[];
+    expect(decisions.every((d) => d.allowed)).toBe(true);
+    expect((await commandStats('evalsha')).calls + (await commandStats('eval')).calls).toBe(1);
+    // A release is not held for the turn: a command from a later callback of the same turn finds it done.
+    const seen = await new Promise<number>((resolve, reject) => {
+      setImmediate(() => void held.release());
+      setImmediate(() => client.exists(lockNames(prefix, 'r').lock).then(resolve, reject));
+    });
+    expect(seen).toBe(0);
+    locks.close();
+    client.disconnect();
+  });
+
   it('runs merged calls in the order they were made, and an error fails its own call only', async () => {
     const client = node.client();
     await client.ping();

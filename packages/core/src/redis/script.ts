@@ -15,7 +15,7 @@ import { batchWrites, sendIfFull } from './auto-pipeline.js';
 // round trip. Cluster clients have no single socket: keyed by the client, the NOSCRIPT fallback covers the other nodes.
 const known = new WeakMap<object, Set<string>>();
 
-// Every script in creation order: the bundle runs the first `bundled.length` of them by index.
+// Every script in creation order: the bundle runs the first `bundle.size` of them by index.
 const registry: Script[] = [];
 
 /** A Lua script with its SHA1 computed once. */
@@ -24,15 +24,27 @@ export class Script {
   /** Position in the bundle (1-based, as Lua counts). */
   readonly index: number;
 
-  constructor(readonly source: string) {
+  /**
+   * @param source the Lua source
+   * @param patient true when every caller awaits the reply before anything else happens (an acquire, a take): such a
+   * call may wait until the end of this turn of the event loop, to share a command with the calls of the other
+   * callbacks of the turn (an HTTP server reads many requests in one turn, each in its own callback). Nothing can
+   * observe its effect before its reply, so a command sent meanwhile running first is just one more concurrent order.
+   * Other calls (a release, often not awaited) go out at the end of their own callback, so that a command the app
+   * sends after them from a later callback never runs first.
+   */
+  constructor(
+    readonly source: string,
+    readonly patient = false,
+  ) {
     this.sha = createHash('sha1').update(source).digest('hex');
     this.index = registry.push(this);
   }
 
   /**
-   * Runs the script. On a standalone connection the call waits for the end of the current callback and goes out merged
-   * with the other calls made meanwhile on that connection (in the order they were made); otherwise it goes out now.
-   * Either way a script reply that is an error rejects this call only.
+   * Runs the script. On a standalone connection the call waits for the end of the current callback (or, if `patient`,
+   * of this turn of the event loop) and goes out merged with the other calls made meanwhile on that connection, in the
+   * order they were made; otherwise it goes out now. Either way a script reply that is an error rejects this call only.
    */
   run(client: RedisClient, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
     const stream = (client as { stream?: object }).stream;
@@ -127,16 +139,19 @@ interface Batch {
   readonly client: RedisClient;
   readonly stream: object;
   readonly calls: Call[];
+  /** Whether a call in it must leave at the end of its callback (a flush is queued for then). */
+  eager: boolean;
 }
 
-// The open batch of each connection, sent at the end of the current callback (or once full).
+// The open batch of each connection, sent at the end of the current callback, or of the turn when all its calls are
+// patient, or once full.
 const open = new Map<object, Batch>();
 
 /**
- * Calls per merged command at most, per connection with a batch open this turn: few enough that the server starts on
- * a batch while the client still prepares the next (on one server, batches of 8 beat 32 by 6% in lock cycles/s), and
- * more where several servers share the client's time (5 Redlock nodes: 40 per node needed 5% less client CPU per
- * cycle than 8, and the servers there are busy with each other's batches anyway).
+ * Calls per merged command at most, per connection with a batch open: few enough that the server starts on a batch
+ * while the client still prepares the next (on one server, batches of 8 beat 32 by 6% in lock cycles/s), and more where
+ * several servers share the client's time (5 Redlock nodes: 40 per node needed 5% less client CPU per cycle than 8,
+ * and the servers there are busy with each other's batches anyway).
  */
 const BATCH_PER_CONNECTION = 8;
 
@@ -144,11 +159,14 @@ function enqueue(client: RedisClient, stream: object, script: Script, keys: read
   return new Promise((resolve, reject) => {
     let batch = open.get(stream);
     if (batch === undefined) {
-      batch = { client, stream, calls: [] };
+      batch = { client, stream, calls: [], eager: false };
       open.set(stream, batch);
-      // Sent once this callback and every promise reaction it set off have run (a tick queued from a reaction runs
-      // after the whole microtask queue), so all the replies of one socket read and what their callers do next share a
-      // batch. Not later: a command the app sends on the same client from another callback must not overtake ours.
+      if (script.patient) setImmediate(flushLate, batch);
+    }
+    if (!script.patient && !batch.eager) {
+      batch.eager = true;
+      // Once this callback and every promise reaction it set off have run (a tick queued from a reaction runs after
+      // the whole microtask queue), so all the replies of one socket read and what their callers do next share it.
       process.nextTick(flushBatch, batch);
     }
     batch.calls.push({ script, keys, args, resolve, reject });
@@ -161,16 +179,21 @@ function flushNow(stream: object): void {
   if (batch !== undefined) flushBatch(batch);
 }
 
-function flushBatch(batch: Batch): void {
+/** The end of the turn: whatever is still open goes out now, each command in its own write (no turn is left to share). */
+function flushLate(batch: Batch): void {
+  flushBatch(batch, true);
+}
+
+function flushBatch(batch: Batch, late = false): void {
   // Already sent (it filled up, or a call that cannot join it flushed it): the timer has nothing left to do.
   if (open.get(batch.stream) !== batch) return;
   open.delete(batch.stream);
   const { client, calls } = batch;
   if (calls.length === 1) {
-    // Alone in its callback (an HTTP request's take, say): still written together with the other callbacks' commands
-    // of this turn. A merged command goes out at once instead, so the server starts on it while we prepare the next.
+    // Alone in its callback (a release, say): still written together with the other callbacks' commands of this turn.
+    // A merged command goes out at once instead, so the server starts on it while we prepare the next.
     const c = calls[0]!;
-    batchWrites(client);
+    if (!late) batchWrites(client);
     forward(c, () => c.script.send(client, c.keys, c.args));
     return;
   }
@@ -183,7 +206,7 @@ function flushBatch(batch: Batch): void {
   }
   for (const c of calls) for (const a of c.args) args.push(a);
   let pending: Promise<unknown>;
-  batchWrites(client, n);
+  if (!late) batchWrites(client, n);
   try {
     pending = bundle!.script.send(client, keys, args);
   } catch (error) {
