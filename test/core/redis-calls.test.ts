@@ -34,6 +34,18 @@ async function commandStats(name: string): Promise<{ calls: number; failed: numb
   return m ? { calls: Number(m[1]), failed: Number(m[2]) + Number(m[3]) } : { calls: 0, failed: 0 };
 }
 
+/** Script commands the server ran (EVALSHA and EVAL, failed ones included) since the last RESETSTAT. */
+async function scriptCommands(): Promise<number> {
+  return (await commandStats('evalsha')).calls + (await commandStats('eval')).calls;
+}
+
+/** A client of our own, connected. */
+async function connected(): Promise<Redis> {
+  const client = node.client();
+  await client.ping();
+  return client;
+}
+
 /** Two RedisLocks on `prefix`, each on its own connection, as two processes would have them; `close` ends both. */
 function twoLockers(prefix: string, options: { ttl?: number } = {}): { ours: RedisLock; theirs: RedisLock; close(): void } {
   const clients = [node.client(), node.client()];
@@ -56,8 +68,7 @@ function queued(prefix: string, key: string, n: number, what: string): Promise<v
 
 describe('Redis calls', () => {
   it('writes the calls made in one tick on one client together: 50 acquires and 50 releases in a few reads', async () => {
-    const client = node.client();
-    await client.ping();
+    const client = await connected();
     const locks = new RedisLock(client, { prefix: uniquePrefix('batch') });
     // Warm the connection's script cache, so the batch below is all EVALSHA.
     await (await locks.acquire('warm')).release();
@@ -80,8 +91,7 @@ describe('Redis calls', () => {
   });
 
   it('merges the calls made in one turn on one connection into a few commands, and answers each call its own reply', async () => {
-    const client = node.client();
-    await client.ping();
+    const client = await connected();
     const prefix = uniquePrefix('merge');
     const locks = new RedisLock(client, { prefix });
     const bucket = new TokenBucket({ capacity: 2, rate: '1/min', redis: client, prefix });
@@ -91,7 +101,7 @@ describe('Redis calls', () => {
     const leasesP = Array.from({ length: 50 }, (_, i) => locks.acquire(`k${i}`));
     const takesP = Array.from({ length: 30 }, (_, i) => bucket.take(`b${i % 10}`));
     const [leases, takes] = await Promise.all([Promise.all(leasesP), Promise.all(takesP)]);
-    const scripts = (await commandStats('evalsha')).calls + (await commandStats('eval')).calls;
+    const scripts = await scriptCommands();
     expect(scripts).toBeGreaterThanOrEqual(2);
     expect(scripts).toBeLessThanOrEqual(10);
     expect(new Set(leases.map((l) => l.fence)).size).toBe(50);
@@ -105,8 +115,7 @@ describe('Redis calls', () => {
   });
 
   it('merges takes from separate callbacks of one event-loop turn (as an HTTP server makes them), and sends a release at the end of its own callback', async () => {
-    const client = node.client();
-    await client.ping();
+    const client = await connected();
     const prefix = uniquePrefix('turn');
     const bucket = new TokenBucket({ capacity: 5, rate: '1/min', redis: client, prefix });
     const locks = new RedisLock(client, { prefix });
@@ -125,7 +134,7 @@ describe('Redis calls', () => {
     });
     const decisions = (await Promise.all(takes)) as { allowed: boolean }[];
     expect(decisions.every((d) => d.allowed)).toBe(true);
-    expect((await commandStats('evalsha')).calls + (await commandStats('eval')).calls).toBe(1);
+    expect(await scriptCommands()).toBe(1);
     // A release is not held for the turn: a command from a later callback of the same turn finds it done.
     const seen = await new Promise<number>((resolve, reject) => {
       setImmediate(() => void held.release());
@@ -137,8 +146,7 @@ describe('Redis calls', () => {
   });
 
   it('runs merged calls in the order they were made, and an error fails its own call only', async () => {
-    const client = node.client();
-    await client.ping();
+    const client = await connected();
     const prefix = uniquePrefix('order');
     const one = new RedisLock(client, { prefix });
     const two = new RedisLock(client, { prefix });
@@ -153,7 +161,7 @@ describe('Redis calls', () => {
     const thenOne = one.tryAcquire('b');
     const [a, b, error, a2, b2] = await Promise.all([firstOne, firstTwo, bad, thenTwo, thenOne]);
     // One command for all five, run in call order: the first caller of each key holds it, the second is refused.
-    expect((await commandStats('evalsha')).calls + (await commandStats('eval')).calls).toBe(1);
+    expect(await scriptCommands()).toBe(1);
     expect(a).not.toBeNull();
     expect(b).not.toBeNull();
     expect(a2).toBeNull();
@@ -180,8 +188,7 @@ describe('Redis calls', () => {
   });
 
   it('sends a merged command as EVAL when the server lost its script, and still answers every call', async () => {
-    const client = node.client();
-    await client.ping();
+    const client = await connected();
     const locks = new RedisLock(client, { prefix: uniquePrefix('merge-flush') });
     await Promise.all((await Promise.all([locks.acquire('w1'), locks.acquire('w2')])).map((l) => l.release()));
     await admin.script('FLUSH');
@@ -199,8 +206,7 @@ describe('Redis calls', () => {
   it("sends a script's first call on a connection as EVAL, later ones as EVALSHA, and recovers from a flushed cache", async () => {
     await admin.script('FLUSH');
     await admin.config('RESETSTAT');
-    const client = node.client();
-    await client.ping();
+    const client = await connected();
     const locks = new RedisLock(client, { prefix: uniquePrefix('eval') });
     const first = await locks.acquire('a');
     expect(await first.release()).toBe(true);
@@ -345,7 +351,7 @@ describe('Redis calls', () => {
     const next = await within(waiter, 2_000, 'the waiter');
     const after = Date.now();
     // The release did it all: no PUBLISH, no attempt of the waiter's own.
-    expect((await commandStats('evalsha')).calls + (await commandStats('eval')).calls).toBe(1);
+    expect(await scriptCommands()).toBe(1);
     expect((await commandStats('publish')).calls).toBe(0);
     expect(next.fence).toBeGreaterThan(held.fence);
     // The lease counts from before the release was sent, less the drift.
