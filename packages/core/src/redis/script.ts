@@ -9,6 +9,7 @@
 import { createHash } from 'node:crypto';
 import type { RedisClient } from '../types.js';
 import { batchWrites, sendIfFull } from './auto-pipeline.js';
+import { unavailable } from './call.js';
 
 // The scripts each connection has been sent with EVAL. Keyed by the client's socket, so after a reconnect (perhaps to a
 // restarted or failed-over server that lost its scripts) the first call sends EVAL again instead of paying a NOSCRIPT
@@ -189,6 +190,13 @@ function flushBatch(batch: Batch, late = false): void {
   if (open.get(batch.stream) !== batch) return;
   open.delete(batch.stream);
   const { client, calls } = batch;
+  // The connection may have dropped since the calls were made: fail them now rather than leave them in ioredis's
+  // offline queue, to run whenever Redis is back (bounded() checked the connection only when each call was made).
+  const down = unavailable(client);
+  if (down !== undefined) {
+    for (const c of calls) c.reject(down);
+    return;
+  }
   if (calls.length === 1) {
     // Alone in its callback (a release, say): still written together with the other callbacks' commands of this turn.
     // A merged command goes out at once instead, so the server starts on it while we prepare the next.
