@@ -16,7 +16,7 @@ import { unavailable } from './call.js';
 // round trip. Cluster clients have no single socket: keyed by the client, the NOSCRIPT fallback covers the other nodes.
 const known = new WeakMap<object, Set<string>>();
 
-// Every script in creation order: the bundle runs the first `bundle.size` of them by index.
+// Every script in creation order: the bundle runs those that existed when it was built, by index.
 const registry: Script[] = [];
 
 /** A Lua script with its SHA1 computed once. */
@@ -49,7 +49,13 @@ export class Script {
    */
   run(client: RedisClient, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
     const stream = (client as { stream?: object }).stream;
-    if (stream !== undefined && (client as { status?: string }).status === 'ready' && bundleOf(this) !== undefined) {
+    if (
+      stream !== undefined &&
+      (client as { status?: string }).status === 'ready' &&
+      keys.length < FIELD &&
+      args.length < FIELD &&
+      bundleOf(this) !== undefined
+    ) {
       return enqueue(client, stream, this, keys, args);
     }
     // Calls made after a merged batch started on this connection must not overtake it.
@@ -89,43 +95,63 @@ function isNoScript(error: unknown): boolean {
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
-// The bundle: every script known when it is first needed, each wrapped as a function of (KEYS, ARGV), and a loop that
-// runs the calls of a batch. ARGV is [n, then op, #keys, #args per call, then every call's args]; KEYS is every call's
-// keys in order. Each call runs under pcall, so an error fails that call alone (as it would have as its own command;
-// like a script, it keeps the writes it made before failing).
+// The bundle: every script known when it is first needed, each wrapped as a function of where its keys and arguments
+// start in the bundle's KEYS and ARGV and how many there are, and a loop that runs the calls of a batch. ARGV is
+// [n, one header per call (op + 64 × #keys + 4096 × #args), then every call's args]; KEYS is every call's keys in order.
+// A script reads `KEYS[i]` and `ARGV[i]` only as plain reads (wrapped() checks), so those become reads at the call's
+// offset, nil past its own count, as in a command of its own; no table per call. Each call runs under pcall, so
+// an error fails that call alone (as it would have as its own command; like a script, it keeps the writes it made
+// before failing).
 
-let bundle: { script: Script; size: number } | undefined;
+/** Keys, arguments and scripts per call fit the header's fields. */
+const FIELD = 64;
+
+let bundle: { script: Script; members: ReadonlySet<Script> } | undefined;
+
+/** The script as a bundle function, or undefined if it reads KEYS or ARGV other than as `KEYS[i]`/`ARGV[i]`. */
+function wrapped(s: Script): string | undefined {
+  const body = s.source
+    .replace(/\bKEYS\[(\d+)\]/g, (_, i: string) => `(${i} <= nk_ and KEYS[k_ + ${i}] or nil)`)
+    .replace(/\bARGV\[(\d+)\]/g, (_, i: string) => `(${i} <= na_ and ARGV[a_ + ${i}] or nil)`);
+  if (/\b(KEYS|ARGV)\b/.test(body.replace(/\b(KEYS\[k_|ARGV\[a_) \+ /g, ''))) return undefined;
+  return `ops[${s.index}] = function(k_, nk_, a_, na_)\n${body}\nend\n`;
+}
 
 function bundleOf(script: Script): Script | undefined {
   if (bundle === undefined) {
-    const ops = registry.map((s, i) => `ops[${i + 1}] = function(KEYS, ARGV)\n${s.source}\nend\n`).join('');
+    const members = new Set<Script>();
+    let ops = '';
+    for (const s of registry) {
+      const fn = s.index < FIELD ? wrapped(s) : undefined;
+      if (fn === undefined) continue;
+      members.add(s);
+      ops += fn;
+    }
     const source = `local ops = {}
 ${ops}
 local n = tonumber(ARGV[1])
 local out = {}
-local k, a = 0, 1 + 3 * n
+local k, a = 0, 1 + n
 for i = 1, n do
-  local h = 3 * i - 1
-  local op, nk, na = tonumber(ARGV[h]), tonumber(ARGV[h + 1]), tonumber(ARGV[h + 2])
-  local keys, args = {}, {}
-  for j = 1, nk do keys[j] = KEYS[k + j] end
-  for j = 1, na do args[j] = ARGV[a + j] end
-  k = k + nk
-  a = a + na
-  local ok, r = pcall(ops[op], keys, args)
+  local h = tonumber(ARGV[i + 1])
+  local nk = math.floor(h / ${FIELD}) % ${FIELD}
+  local na = math.floor(h / ${FIELD * FIELD})
+  local ok, r = pcall(ops[h % ${FIELD}], k, nk, a, na)
   if not ok then
     if type(r) ~= 'table' or not r.err then r = {err = tostring(r)} end
   elseif r == nil then
     r = false
   end
   out[i] = r
+  k = k + nk
+  a = a + na
 end
 return out
 `;
     // Built once: a script made later (none are, outside tests) is sent on its own.
-    bundle = { script: new Script(source), size: registry.length - 1 };
+    bundle = { script: new Script(source), members };
   }
-  return script.index <= bundle.size ? bundle.script : undefined;
+  return bundle.members.has(script) ? bundle.script : undefined;
 }
 
 interface Call {
@@ -209,7 +235,7 @@ function flushBatch(batch: Batch, late = false): void {
   const keys: string[] = [];
   const args: (string | number)[] = [n];
   for (const c of calls) {
-    args.push(c.script.index, c.keys.length, c.args.length);
+    args.push(c.script.index + FIELD * c.keys.length + FIELD * FIELD * c.args.length);
     for (const k of c.keys) keys.push(k);
   }
   for (const c of calls) for (const a of c.args) args.push(a);
