@@ -1,11 +1,12 @@
 // Runs Lua scripts: EVAL the first time on a connection, EVALSHA after that (falling back to EVAL on NOSCRIPT); never
 // touches the user's client (no defineCommand, no option changes).
 //
-// The calls made on one connection within one callback (an I/O callback and the promise reactions it sets off) are
-// merged into a single call of a bundle script, which runs each of them in order and answers with an array of their
-// replies. A command costs the client (ioredis builds, queues and parses each one) and the server (parse, dispatch,
-// script set-up) far more than a script body does, and under load many calls meet in a callback: one socket read brings
-// the replies of 50 lock workers, and each goes on to its next call.
+// The calls made on one standalone connection are merged into a single call of a bundle script, which runs each of them
+// in order and answers with an array of their replies: those of one callback (an I/O callback and the promise reactions
+// it sets off) and, for calls every caller awaits (acquires, takes), those of one turn of the event loop. A command
+// costs the client (ioredis builds, queues and parses each one) and the server (parse, dispatch, script set-up) far
+// more than a script body does, and under load many calls meet: one socket read brings the replies of 50 lock workers,
+// each of which goes on to its next call, and an HTTP server reads many requests in one turn.
 import { createHash } from 'node:crypto';
 import type { RedisClient } from '../types.js';
 import { batchWrites, sendIfFull } from './auto-pipeline.js';
@@ -176,9 +177,9 @@ const open = new Map<object, Batch>();
 
 /**
  * Calls per merged command at most, per connection with a batch open: few enough that the server starts on a batch
- * while the client still prepares the next (on one server, batches of 8 beat 32 by 6% in lock cycles/s), and more where
- * several servers share the client's time (5 Redlock nodes: 40 per node needed 5% less client CPU per cycle than 8,
- * and the servers there are busy with each other's batches anyway).
+ * while the client still prepares the next (on one server, batches of up to 8 gave 6% more lock cycles/s than up to
+ * 32), and more where several servers share the client's time (on 5 Redlock nodes, batches of up to 32 cost 17% less
+ * client CPU per cycle than up to 8, and the servers there are kept busy by each other's batches anyway).
  */
 const BATCH_PER_CONNECTION = 8;
 
