@@ -1,4 +1,5 @@
-// The Redlock mutual-exclusion checker: 8 clients (each its own Redlock with its own 5 connections) run 1,000 critical
+// The Redlock mutual-exclusion checker: 8 clients (each its own Redlock with its own 5 connections), plus 4 Redlocks
+// sharing one set of 5 connections (so their calls travel merged, as lockers in one process do), run 1,000 critical
 // sections on one key while a fault injector kills, pauses, restarts and resumes a minority of the 5 masters at random
 // moments. At most one client may ever be inside, and fences must rise in the order the sections ran.
 //
@@ -11,11 +12,14 @@
 import type { Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { LockBusyError, LockUnavailableError, type Lease, type Redlock } from '../../packages/core/src/index.js';
+import { LockBusyError, LockUnavailableError, Redlock, type Lease } from '../../packages/core/src/index.js';
 import { startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
 import { firstNonIncreasing, freshPrefix, Nodes, trackUnhandled } from './support.js';
 
+/** Clients on connections of their own. */
 const CLIENTS = 8;
+/** Further clients sharing one set of connections. */
+const SHARING = 4;
 const SECTIONS = 1_000;
 /**
  * Wall-clock bound of the run; the test fails if the sections are not done by then. Typically 20-35 s on two busy
@@ -40,10 +44,13 @@ afterAll(async () => {
 const immediate = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 const between = (lo: number, hi: number): number => lo + Math.floor(Math.random() * (hi - lo));
 
-it('keeps at most one holder and rising fences through 1,000 sections while a minority of nodes is killed and paused', async () => {
+it('keeps at most one holder and rising fences through 1,000 sections of 12 clients while a minority of nodes is killed and paused', async () => {
   const unhandled = trackUnhandled();
   const prefix = freshPrefix('mutex');
   const made: { locker: Redlock; clients: Redis[] }[] = Array.from({ length: CLIENTS }, () => nodes.redlock({ prefix }));
+  const shared = nodes.redlock({ prefix });
+  made.push(shared);
+  for (let i = 1; i < SHARING; i++) made.push({ locker: new Redlock(shared.clients, { prefix }), clients: [] });
 
   let inside = 0;
   let maxInside = 0;
@@ -153,7 +160,8 @@ it('keeps at most one holder and rising fences through 1,000 sections while a mi
   }
   const seconds = (performance.now() - started) / 1_000;
   console.log(
-    `mutual exclusion: ${fences.length} critical sections by ${CLIENTS} clients in ${seconds.toFixed(1)} s; ` +
+    `mutual exclusion: ${fences.length} critical sections by ${CLIENTS} clients on their own connections and ` +
+      `${SHARING} sharing one set, in ${seconds.toFixed(1)} s; ` +
       `faults: ${faults.kills} kills (${faults.restarts} restarts), ${faults.pauses} pauses, ` +
       `${faults.twoDown} times two masters down at once, ${longSections} long sections; ` +
       `failed acquires: ${failed.unavailable} no quorum, ${failed.busy} busy after wait; failed releases: ${failed.release}`,
