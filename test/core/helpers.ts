@@ -1,6 +1,8 @@
 // Helpers shared by the core integration tests: bounded waits on events and conditions, and invalid-argument checks.
 import { randomBytes } from 'node:crypto';
-import { expect } from 'vitest';
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, expect } from 'vitest';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 
 /** A prefix no other test uses, so tests on one Redis node never see each other's keys. */
 export function uniquePrefix(tag: string): string {
@@ -93,4 +95,40 @@ export async function expectInvalid(call: () => unknown, option: string): Promis
   );
   const escaped = option.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
   expect((error as Error).message).toMatch(new RegExp(`(^|[^A-Za-z])${escaped}([^A-Za-z]|$)`));
+}
+
+/** Calls and failures of one command (INFO commandstats) since the last RESETSTAT, zero when never called. */
+export async function commandStats(admin: Redis, name: string): Promise<{ calls: number; failed: number }> {
+  const info = await admin.info('commandstats');
+  const m = new RegExp(`cmdstat_${name}:calls=(\\d+).*rejected_calls=(\\d+),failed_calls=(\\d+)`).exec(info);
+  return m ? { calls: Number(m[1]), failed: Number(m[2]) + Number(m[3]) } : { calls: 0, failed: 0 };
+}
+
+/** Script commands (EVALSHA and EVAL, failed ones included) the server ran since the last RESETSTAT. */
+export async function scriptCommands(admin: Redis): Promise<number> {
+  return (await commandStats(admin, 'evalsha')).calls + (await commandStats(admin, 'eval')).calls;
+}
+
+/**
+ * A private redis-server for the calling test file: started before its tests, stopped (with every other server the file
+ * started) after them. `admin` is a connected client for inspecting it.
+ */
+export function privateRedis(): { readonly node: RedisNode; readonly admin: Redis } {
+  const box: { node?: RedisNode; admin?: Redis } = {};
+  beforeAll(async () => {
+    box.node = await startRedis();
+    box.admin = box.node.client();
+    await box.admin.ping();
+  });
+  afterAll(async () => {
+    await stopAll();
+  });
+  return {
+    get node() {
+      return box.node!;
+    },
+    get admin() {
+      return box.admin!;
+    },
+  };
 }

@@ -6,7 +6,7 @@ import { LockBusyError, LockUnavailableError, RedisLock, Redlock, TokenBucket, t
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { FENCE_RETENTION_MS } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
-import { rejection, uniquePrefix, until, within } from './helpers.js';
+import { commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
 
 let node: RedisNode;
 let admin: Redis;
@@ -27,16 +27,14 @@ async function reads(): Promise<number> {
   return Number(/total_reads_processed:(\d+)/.exec(info)![1]);
 }
 
-/** Calls and failures of one command (INFO commandstats), zero when never called. */
-async function commandStats(name: string): Promise<{ calls: number; failed: number }> {
-  const info = await admin.info('commandstats');
-  const m = new RegExp(`cmdstat_${name}:calls=(\\d+).*rejected_calls=(\\d+),failed_calls=(\\d+)`).exec(info);
-  return m ? { calls: Number(m[1]), failed: Number(m[2]) + Number(m[3]) } : { calls: 0, failed: 0 };
+/** Calls and failures of one command on our node since the last RESETSTAT. */
+function commandStats(name: string): Promise<{ calls: number; failed: number }> {
+  return statsOf(admin, name);
 }
 
-/** Script commands the server ran (EVALSHA and EVAL, failed ones included) since the last RESETSTAT. */
-async function scriptCommands(): Promise<number> {
-  return (await commandStats('evalsha')).calls + (await commandStats('eval')).calls;
+/** Script commands our node ran since the last RESETSTAT. */
+function scriptCommands(): Promise<number> {
+  return scriptsOf(admin);
 }
 
 /** A client of our own, connected. */

@@ -1,11 +1,9 @@
 // The bundle script that merges the calls of one callback: each call sees exactly its own keys and arguments (nil past
 // them, as in a command of its own), answers its own reply or error, and a script the bundle cannot hold runs alone.
 // This file has its own module registry (vitest isolates test files), so the scripts below are the bundle's only ones.
-import type { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { Script } from '../../packages/core/src/redis/script.js';
-import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
-import { uniquePrefix } from './helpers.js';
+import { privateRedis, scriptCommands, uniquePrefix } from './helpers.js';
 
 // Made before any call, so all but LENGTHS (which reads ARGV as a whole) are bundled.
 const ECHO = new Script(`return {KEYS[1] or '-', KEYS[2] or '-', ARGV[1] or '-', ARGV[2] or '-', ARGV[3] or '-'}`);
@@ -14,24 +12,7 @@ const BOOM = new Script(`error('boom ' .. ARGV[1])`);
 const NOTHING = new Script(`return nil`);
 const LENGTHS = new Script(`return {#KEYS, #ARGV}`);
 
-let node: RedisNode;
-let admin: Redis;
-
-beforeAll(async () => {
-  node = await startRedis();
-  admin = node.client();
-  await admin.ping();
-});
-
-afterAll(async () => {
-  await stopAll();
-});
-
-async function scriptCommands(): Promise<number> {
-  const info = await admin.info('commandstats');
-  const calls = (name: string) => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(info)?.[1] ?? 0);
-  return calls('evalsha') + calls('eval');
-}
+const redis = privateRedis();
 
 /** Runs `calls` in one callback and settles each one. */
 function together(calls: (() => Promise<unknown>)[]): Promise<PromiseSettledResult<unknown>[]> {
@@ -40,9 +21,9 @@ function together(calls: (() => Promise<unknown>)[]): Promise<PromiseSettledResu
 
 describe('the bundle of merged calls', () => {
   it('gives each call exactly its own keys and arguments, nil past them, in one command', async () => {
-    const client = node.client();
+    const client = redis.node.client();
     await client.ping();
-    await admin.config('RESETSTAT');
+    await redis.admin.config('RESETSTAT');
     const results = await together([
       () => ECHO.run(client, ['a'], ['1']),
       () => ECHO.run(client, ['b', 'c'], ['2', 3, '4']),
@@ -57,15 +38,15 @@ describe('the bundle of merged calls', () => {
       ['d', '-', '', '5', '-'],
       null,
     ]);
-    expect(await scriptCommands()).toBe(1);
+    expect(await scriptCommands(redis.admin)).toBe(1);
     client.disconnect();
   });
 
   it('fails a call whose script fails, alone, and keeps the effects of the calls around it', async () => {
-    const client = node.client();
+    const client = redis.node.client();
     await client.ping();
     const prefix = uniquePrefix('bundle');
-    await admin.hset(`${prefix}hash`, 'f', '1');
+    await redis.admin.hset(`${prefix}hash`, 'f', '1');
     const [before, wrongType, boom, after] = await together([
       () => INCR.run(client, [`${prefix}n`], []),
       () => INCR.run(client, [`${prefix}hash`], []),
@@ -82,10 +63,10 @@ describe('the bundle of merged calls', () => {
   });
 
   it('sends a script that reads KEYS or ARGV as a whole on its own, in call order', async () => {
-    const client = node.client();
+    const client = redis.node.client();
     await client.ping();
     const prefix = uniquePrefix('alone');
-    await admin.config('RESETSTAT');
+    await redis.admin.config('RESETSTAT');
     const results = await together([
       () => INCR.run(client, [`${prefix}n`], []),
       () => LENGTHS.run(client, ['x', 'y'], ['1', '2', '3']),
@@ -93,7 +74,7 @@ describe('the bundle of merged calls', () => {
     ]);
     expect(results.map((r) => (r as PromiseFulfilledResult<unknown>).value)).toEqual([1, [2, 3], 2]);
     // The first INCR alone (flushed ahead of LENGTHS), LENGTHS alone, the second INCR alone.
-    expect(await scriptCommands()).toBe(3);
+    expect(await scriptCommands(redis.admin)).toBe(3);
     client.disconnect();
   });
 });
