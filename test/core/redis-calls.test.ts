@@ -335,6 +335,30 @@ describe('Redis calls', () => {
     pair.close();
   });
 
+  it('works on clients with an ioredis keyPrefix: every key carries it, and a release still wakes a waiter at once', async () => {
+    const keyPrefix = uniquePrefix('kp');
+    const clients = [node.client({ keyPrefix }), node.client({ keyPrefix })];
+    const [ours, theirs] = clients.map((c) => new RedisLock(c)) as [RedisLock, RedisLock];
+    const bucket = new TokenBucket({ capacity: 1, rate: '1/min', redis: clients[0]! });
+    const held = await ours.acquire('k');
+    const waiter = theirs.acquire('k', { wait: 10_000 });
+    await until(async () => (await admin.zcard(keyPrefix + lockNames('hasp:lock:', 'k').queue)) === 1, 2_000, 'the waiter to queue');
+    const released = performance.now();
+    await held.release();
+    const next = await within(waiter, 2_000, 'the waiter');
+    // Woken by the release (published on the prefixed name), not by its 1 s poll.
+    expect(performance.now() - released).toBeLessThan(500);
+    expect(next.fence).toBeGreaterThan(held.fence);
+    expect((await bucket.take('b')).allowed).toBe(true);
+    expect((await admin.keys(`${keyPrefix}*`)).sort()).toEqual(
+      [`${keyPrefix}hasp:lock:{k}`, `${keyPrefix}hasp:lock:{k}:f`, `${keyPrefix}hasp:tb:{b}`].sort(),
+    );
+    await next.release();
+    ours.close();
+    theirs.close();
+    for (const c of clients) c.disconnect();
+  });
+
   it('hands a released lock straight to a waiter of the same locker that is first in line: one call, no wake-up', async () => {
     const client = node.client();
     const prefix = uniquePrefix('handoff');

@@ -24,21 +24,29 @@ export class Wakeups {
   private idleTimer: NodeJS.Timeout | undefined;
   private closed = false;
   private readonly onClientEnd = () => this.close();
+  /**
+   * The client's ioredis `keyPrefix`. ioredis prepends it to the keys of our scripts, so a release publishes on the
+   * prefixed name, but not to SUBSCRIBE's channels: we add it ourselves.
+   */
+  private readonly prefix: string;
 
   constructor(
     private readonly client: RedisClient,
     private readonly timeout: number,
   ) {
     client.once('end', this.onClientEnd);
+    const keyPrefix = (client as { options?: { keyPrefix?: unknown } }).options?.keyPrefix;
+    this.prefix = typeof keyPrefix === 'string' ? keyPrefix : '';
   }
 
   /**
-   * Calls `listener` with each message on `channel`. Resolves once the server has confirmed the subscription, so a
+   * Calls `listener` with each message on channel `name`. Resolves once the server has confirmed the subscription, so a
    * release published after that cannot be missed. Rejects when the subscription cannot be made in time; callers then
    * fall back to polling.
    */
-  async listen(channel: string, listener: Listener): Promise<() => void> {
+  async listen(name: string, listener: Listener): Promise<() => void> {
     if (this.closed) throw new Error('wake-ups closed');
+    const channel = this.prefix + name;
     const sub = this.connection();
     let ch = this.channels.get(channel);
     if (ch === undefined) {
