@@ -178,6 +178,37 @@ describe('wake-ups on a Cluster', () => {
   });
 });
 
+describe('ioredis keyPrefix on a Cluster', () => {
+  it('puts the keyPrefix in front of every name, and a release still wakes a waiter at once', async () => {
+    const keyPrefix = uniquePrefix('kp');
+    const clients = [cluster.client({ keyPrefix }), cluster.client({ keyPrefix })];
+    const [holders, waiters] = clients.map((c) => new RedisLock(c)) as [RedisLock, RedisLock];
+    try {
+      const names = lockNames('hasp:lock:', 'k');
+      const holder = await holders.acquire('k', { ttl: 30_000 });
+      const pending = waiters.acquire('k', { wait: 10_000, ttl: 30_000 });
+      pending.catch(() => undefined); // awaited below
+      // The lock's names carry the prefix (ioredis adds it to every key of ours; zcard here goes through it too).
+      await until(
+        async () => (await subscribers(clients[0]!, keyPrefix + names.channel)) > 0 && (await clients[0]!.zcard(names.queue)) > 0,
+        5_000,
+        'the waiter to queue and subscribe',
+      );
+      await withClient(async (plain) => expect(await plain.exists(keyPrefix + names.lock)).toBe(1));
+      const releasedAt = performance.now();
+      expect(await holder.release()).toBe(true);
+      const lease = await within(pending, 10_000, 'the waiting acquire');
+      expect(performance.now() - releasedAt).toBeLessThan(250);
+      expect(lease.fence).toBeGreaterThan(holder.fence);
+      await lease.release();
+    } finally {
+      holders.close();
+      waiters.close();
+      for (const c of clients) c.disconnect();
+    }
+  });
+});
+
 describe('TokenBucket on a Cluster', () => {
   it('never admits more than capacity + rate × elapsed per key, with 3 clients × 3 takers on keys of every master', async () => {
     const prefix = uniquePrefix('tb');
