@@ -335,6 +335,38 @@ describe('Redis calls', () => {
     pair.close();
   });
 
+  it('works on clients with ioredis stringNumbers, which answer numbers as strings', async () => {
+    const client = node.client({ stringNumbers: true });
+    const prefix = uniquePrefix('strings');
+    const locks = new RedisLock(client, { prefix });
+    const redlock = new Redlock([client], { prefix: `${prefix}rl:` });
+    const bucket = new TokenBucket({ capacity: 2, rate: '1/min', redis: client, prefix });
+    try {
+      const lease = await locks.tryAcquire('k');
+      expect(lease).not.toBeNull();
+      expect(typeof lease!.fence).toBe('number');
+      expect(await locks.tryAcquire('k')).toBeNull();
+      await lease!.extend(60_000);
+      expect(lease!.expiresAt).toBeGreaterThan(Date.now() + 30_000);
+      expect(await lease!.release()).toBe(true);
+      expect(await admin.exists(lockNames(prefix, 'k').lock)).toBe(0);
+      const rl = await redlock.tryAcquire('k');
+      expect(rl).not.toBeNull();
+      expect(await rl!.release()).toBe(true);
+      const takes = await Promise.all([bucket.take('b'), bucket.take('b'), bucket.take('b')]);
+      expect(takes.map((d) => [d.allowed, d.remaining])).toEqual([
+        [true, 1],
+        [true, 0],
+        [false, 0],
+      ]);
+      expect(takes[2]!.retryAfter).toBeGreaterThan(0);
+    } finally {
+      locks.close();
+      redlock.close();
+      client.disconnect();
+    }
+  });
+
   it('works on clients with an ioredis keyPrefix: every key carries it, and a release still wakes a waiter at once', async () => {
     const keyPrefix = uniquePrefix('kp');
     const clients = [node.client({ keyPrefix }), node.client({ keyPrefix })];

@@ -37,10 +37,13 @@ export function ownerName(owner: string): string {
   return encodeKey(owner);
 }
 
-/** Parses the ACQUIRE script's reply. */
+/**
+ * Parses the ACQUIRE script's reply. Numbers are read with Number(): a client made with ioredis's `stringNumbers`
+ * answers them as strings.
+ */
 export function parseAttempt(reply: unknown): AttemptResult {
-  const r = reply as [number, string | number, string?, number?];
-  if (r[0] === 1) return { ok: true, token: String(r[1]), fence: Number(r[2]), ttl: Number(r[3]) };
+  const r = reply as [number | string, string | number, string?, number?];
+  if (Number(r[0]) === 1) return { ok: true, token: String(r[1]), fence: Number(r[2]), ttl: Number(r[3]) };
   return { ok: false, pttl: Number(r[1]) };
 }
 
@@ -111,7 +114,7 @@ export class RedisLockStore implements LockStore {
     }
     return this.call('release', () => this.releaseScript(n, token, heir), handOff, (reply) => {
       handOff?.(reply);
-      return reply !== 0;
+      return Array.isArray(reply) || Number(reply) !== 0;
     });
   }
 

@@ -129,17 +129,18 @@ export class RedisBucketStore implements BucketStore {
       commit ? (late) => this.refund(name, late as TakeReply, cost) : undefined,
     ).then((result) => {
       const reply = result as TakeReply;
+      // Number(): a client made with ioredis's `stringNumbers` answers numbers as strings.
       const decision: Decision = {
-        allowed: reply[0] === 1,
+        allowed: Number(reply[0]) === 1,
         limit: this.params.capacity,
-        remaining: reply[1],
-        retryAfter: reply[2],
-        resetAfter: reply[3],
+        remaining: Number(reply[1]),
+        retryAfter: Number(reply[2]),
+        resetAfter: Number(reply[3]),
       };
       // Remember a bucket another take of this cost would find short (after a denial, or a grant that emptied it), and
       // keep a remembered one up to date.
       if (commit && resets === this.resets && (!decision.allowed || decision.remaining < cost || this.denied.has(key))) {
-        this.remember(key, sent, reply[4]);
+        this.remember(key, sent, Number(reply[4]));
       }
       return decision;
     });
@@ -161,7 +162,7 @@ export class RedisBucketStore implements BucketStore {
 
   /** Gives back the tokens of an admitting take whose caller gave up, while the bucket still holds what it stored. */
   private refund(name: string, reply: TakeReply, cost: number): void {
-    if (reply[0] !== 1 || reply[5] === '') return;
+    if (Number(reply[0]) !== 1 || reply[5] === '') return;
     // The µs TAKE added for `cost` (the same expression as in the script).
     const spent = Math.ceil(cost * this.params.interval);
     bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [reply[5], spent])).catch(() => undefined);
@@ -173,7 +174,7 @@ export class RedisBucketStore implements BucketStore {
 }
 
 /** TAKE's reply: allowed, remaining, retryAfter ms, resetAfter ms, resetAfter µs, the TAT it stored ('' for none). */
-type TakeReply = [number, number, number, number, number, string];
+type TakeReply = [number | string, number | string, number | string, number | string, number | string, string];
 
 function unavailable(error: unknown): RateLimitUnavailableError {
   return new RateLimitUnavailableError(`token bucket store failed: ${(error as Error).message}`, { cause: error });
