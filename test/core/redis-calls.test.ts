@@ -335,6 +335,29 @@ describe('Redis calls', () => {
     pair.close();
   });
 
+  it('wakes waiters on lazyConnect clients too (their subscriber copy would otherwise never connect)', async () => {
+    const clients = [node.client({ lazyConnect: true }), node.client({ lazyConnect: true })];
+    const prefix = uniquePrefix('lazy');
+    const [ours, theirs] = clients.map((c) => new RedisLock(c, { prefix })) as [RedisLock, RedisLock];
+    try {
+      const held = await ours.acquire('k');
+      const waiter = theirs.acquire('k', { wait: 10_000 });
+      await queued(prefix, 'k', 1, 'the waiter to queue');
+      // It queues, then subscribes: wait until the server counts the subscription, so the release below is heard (or,
+      // as before the fix, never made, and the waiter only finds out at its 1 s poll).
+      await until(async () => Number(((await admin.pubsub('NUMSUB', lockNames(prefix, 'k').channel)) as [string, number])[1]) > 0, 2_000, 'the waiter to subscribe');
+      const released = performance.now();
+      await held.release();
+      const next = await within(waiter, 3_000, 'the waiter');
+      expect(performance.now() - released).toBeLessThan(500);
+      await next.release();
+    } finally {
+      ours.close();
+      theirs.close();
+      for (const c of clients) c.disconnect();
+    }
+  });
+
   it('works on clients with ioredis stringNumbers, which answer numbers as strings', async () => {
     const client = node.client({ stringNumbers: true });
     const prefix = uniquePrefix('strings');

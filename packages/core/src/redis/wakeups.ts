@@ -110,6 +110,13 @@ export class Wakeups {
     });
     sub.on('message', (channel: string, message: string) => this.deliver(channel, message));
     sub.on('smessage', (channel: string, message: string) => this.deliver(channel, message));
+    // A copy of a `lazyConnect` client waits for a first command to connect, and SUBSCRIBE waits for it to be ready:
+    // connect it now, or no waiter would ever hear a release (each would wait for its poll instead).
+    if ((sub as { status?: string }).status === 'wait') {
+      sub.connect().catch(() => {
+        // A failed connect is a failed subscription: the waiters poll.
+      });
+    }
     this.subscriber = sub;
     return sub;
   }
