@@ -112,6 +112,22 @@ describe('Redis calls', () => {
     client.disconnect();
   });
 
+  it('runs a bucket reset after the takes made before it, though the takes wait for the end of the turn', async () => {
+    const client = await connected();
+    const prefix = uniquePrefix('reset-order');
+    const bucket = new TokenBucket({ capacity: 2, rate: '1/min', redis: client, prefix });
+    expect((await bucket.take('k', 2)).allowed).toBe(true);
+    // A second bucket object: no remembered denial, so its take goes to Redis.
+    const fresh = new TokenBucket({ capacity: 2, rate: '1/min', redis: client, prefix });
+    const take = fresh.take('k');
+    const reset = fresh.reset('k');
+    expect((await take).allowed).toBe(false);
+    await reset;
+    // Reset last, as called: the bucket is full again.
+    expect((await fresh.take('k', 2)).allowed).toBe(true);
+    client.disconnect();
+  });
+
   it('merges takes from separate callbacks of one event-loop turn (as an HTTP server makes them), and sends a release at the end of its own callback', async () => {
     const client = await connected();
     const prefix = uniquePrefix('turn');

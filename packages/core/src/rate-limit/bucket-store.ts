@@ -2,6 +2,7 @@
 import { RateLimitUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { keyStem } from '../redis/keys.js';
+import { sendPending } from '../redis/script.js';
 import type { Decision, RedisClient } from '../types.js';
 import { REFUND, TAKE } from './bucket.lua.js';
 import { decide, type GcraParams } from './gcra.js';
@@ -108,7 +109,11 @@ export class RedisBucketStore implements BucketStore {
   async reset(key: string): Promise<void> {
     this.resets++;
     this.denied.delete(key);
-    await this.call(() => this.client.del(keyStem(this.prefix, key)));
+    await this.call(() => {
+      // After any take made before it, as the calls were made.
+      sendPending(this.client);
+      return this.client.del(keyStem(this.prefix, key));
+    });
   }
 
   /** Keys currently remembered as short of tokens (at most `deniedMax`). */

@@ -202,6 +202,15 @@ function enqueue(client: RedisClient, stream: object, script: Script, keys: read
   });
 }
 
+/**
+ * Sends the calls waiting on `client`'s connection now. For a command hasp sends on its own (a bucket reset's DEL):
+ * it must not overtake calls made before it.
+ */
+export function sendPending(client: RedisClient): void {
+  const stream = (client as { stream?: object }).stream;
+  if (stream !== undefined) flushNow(stream);
+}
+
 function flushNow(stream: object): void {
   const batch = open.get(stream);
   if (batch !== undefined) flushBatch(batch);
