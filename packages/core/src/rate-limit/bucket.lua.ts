@@ -45,7 +45,7 @@ if not allowed then retryAfter = math.ceil((newTat - burst - now) / 1000) end
 local stored = ''
 if commit and store then stored = string.format('%d', store) end
 return {allowed and 1 or 0, remaining, retryAfter, math.ceil((after - now) / 1000), after - now, stored}
-`, true);
+`, true); // patient: every caller awaits it (see Script)
 
 /**
  * Give back what a take that its caller never saw (it timed out) spent: only while the key still holds exactly the TAT

@@ -23,6 +23,7 @@ const BATCH_PER_SOCKET = 8;
  * Makes the writes on `client`'s current socket until the end of this tick go out together. A no-op on clients
  * without a single socket (Cluster: each node has its own; a command's node is only known inside ioredis) and on
  * connections that are not ready (commands then wait in ioredis's offline queue, which bounded() refuses anyway).
+ * @param calls script calls the command about to be written carries (a merged command carries several)
  */
 export function batchWrites(client: object, calls = 1): void {
   const { stream, status } = client as { stream?: Partial<Corkable>; status?: string };
