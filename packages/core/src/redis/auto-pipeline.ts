@@ -37,12 +37,8 @@ export function batchWrites(client: object, calls = 1): void {
     // one turn, and their commands then share one write instead of one write each. Uncorked exactly once, even if the
     // socket closed meanwhile.
     setImmediate(uncork, socket);
-  } else if (buffered >= BATCH_PER_SOCKET * corked.size) {
-    // Send what we have so the server starts on it while we prepare the rest: a whole tick in one write would leave
-    // the server idle while the client works, and then the client idle while the server works.
-    socket.uncork();
-    socket.cork();
-    corked.set(socket, calls);
+  } else if (full(buffered)) {
+    sendNow(socket, calls);
   } else {
     corked.set(socket, buffered + calls);
   }
@@ -56,10 +52,23 @@ export function sendIfFull(client: object): void {
   const socket = (client as { stream?: Corkable }).stream;
   if (socket === undefined) return;
   const buffered = corked.get(socket);
-  if (buffered === undefined || buffered < BATCH_PER_SOCKET * corked.size) return;
+  if (buffered !== undefined && full(buffered)) sendNow(socket, 0);
+}
+
+/** Whether a corked socket holds a write's worth of calls. */
+function full(buffered: number): boolean {
+  return buffered >= BATCH_PER_SOCKET * corked.size;
+}
+
+/**
+ * Sends what the socket holds so the server starts on it while we prepare the rest (a whole turn in one write would
+ * leave the server idle while the client works, then the client idle while the server works), and keeps it corked for
+ * the rest of the turn, holding `calls` calls.
+ */
+function sendNow(socket: Corkable, calls: number): void {
   socket.uncork();
   socket.cork();
-  corked.set(socket, 0);
+  corked.set(socket, calls);
 }
 
 function uncork(socket: Corkable): void {

@@ -60,7 +60,7 @@ export class Script {
       return enqueue(client, stream, this, keys, args);
     }
     // Calls made after a merged batch started on this connection must not overtake it.
-    if (stream !== undefined) flushNow(stream);
+    sendPending(client);
     batchWrites(client);
     return this.send(client, keys, args);
   }
@@ -189,7 +189,8 @@ function enqueue(client: RedisClient, stream: object, script: Script, keys: read
     if (batch === undefined) {
       batch = { client, stream, calls: [], eager: false };
       open.set(stream, batch);
-      if (script.patient) setImmediate(flushLate, batch);
+      // The end of the turn: whatever is still open then goes out at once (no turn is left to share a write with).
+      if (script.patient) setImmediate(flushBatch, batch, true);
     }
     if (!script.patient && !batch.eager) {
       batch.eager = true;
@@ -203,22 +204,13 @@ function enqueue(client: RedisClient, stream: object, script: Script, keys: read
 }
 
 /**
- * Sends the calls waiting on `client`'s connection now. For a command hasp sends on its own (a bucket reset's DEL):
- * it must not overtake calls made before it.
+ * Sends the calls waiting on `client`'s connection now. For a command hasp sends on its own (a script that is not
+ * bundled, a bucket reset's DEL): it must not overtake calls made before it.
  */
 export function sendPending(client: RedisClient): void {
   const stream = (client as { stream?: object }).stream;
-  if (stream !== undefined) flushNow(stream);
-}
-
-function flushNow(stream: object): void {
-  const batch = open.get(stream);
+  const batch = stream === undefined ? undefined : open.get(stream);
   if (batch !== undefined) flushBatch(batch);
-}
-
-/** The end of the turn: whatever is still open goes out now, each command in its own write (no turn is left to share). */
-function flushLate(batch: Batch): void {
-  flushBatch(batch, true);
 }
 
 function flushBatch(batch: Batch, late = false): void {
