@@ -112,6 +112,28 @@ describe('Redis calls', () => {
     client.disconnect();
   });
 
+  it('merges takes made in many callbacks of one turn into one command, and those of one callback by eights', async () => {
+    const client = await connected();
+    const prefix = uniquePrefix('turn');
+    const bucket = new TokenBucket({ capacity: 10, rate: '1/min', redis: client, prefix });
+    // Warm the connection's script cache, so every command below is one EVALSHA.
+    await Promise.all([bucket.take('warm'), bucket.take('warm')]);
+    await admin.config('RESETSTAT');
+    // 40 immediates run in one check phase, each a callback of its own: as an HTTP server's requests read in one turn.
+    const spread = await Promise.all(
+      Array.from({ length: 40 }, (_, i) => new Promise<boolean>((resolve, reject) => setImmediate(() => bucket.take(`s${i}`).then((d) => resolve(d.allowed), reject)))),
+    );
+    expect(spread.every(Boolean)).toBe(true);
+    expect(await scriptCommands()).toBe(1);
+    await admin.config('RESETSTAT');
+    // 40 takes in one callback (as 40 workers woken by one socket read): the server starts on every 8 while the rest
+    // are made.
+    const burst = await Promise.all(Array.from({ length: 40 }, (_, i) => bucket.take(`b${i}`)));
+    expect(burst.every((d) => d.allowed && d.remaining === 9)).toBe(true);
+    expect(await scriptCommands()).toBe(5);
+    client.disconnect();
+  });
+
   it('runs a bucket reset after the takes made before it, though the takes wait for the end of the turn', async () => {
     const client = await connected();
     const prefix = uniquePrefix('reset-order');

@@ -3,7 +3,7 @@
 // This file has its own module registry (vitest isolates test files), so the scripts below are the bundle's only ones.
 import { describe, expect, it } from 'vitest';
 import { Script } from '../../packages/core/src/redis/script.js';
-import { privateRedis, scriptCommands, uniquePrefix } from './helpers.js';
+import { commandStats, privateRedis, scriptCommands, uniquePrefix } from './helpers.js';
 
 // Made before any call, so all but LENGTHS (which reads ARGV as a whole) are bundled.
 const ECHO = new Script(`return {KEYS[1] or '-', KEYS[2] or '-', ARGV[1] or '-', ARGV[2] or '-', ARGV[3] or '-'}`);
@@ -11,6 +11,8 @@ const INCR = new Script(`return redis.call('INCR', KEYS[1])`);
 const BOOM = new Script(`error('boom ' .. ARGV[1])`);
 const NOTHING = new Script(`return nil`);
 const LENGTHS = new Script(`return {#KEYS, #ARGV}`);
+const CLOCK = new Script(`local t = redis.call('TIME') return t[1] .. '.' .. t[2]`);
+const SHARED_CLOCK = new Script(`local t = redis.call('TIME') return t[1] .. '.' .. t[2]`, { sharedClock: true });
 
 const redis = privateRedis();
 
@@ -75,6 +77,21 @@ describe('the bundle of merged calls', () => {
     expect(results.map((r) => (r as PromiseFulfilledResult<unknown>).value)).toEqual([1, [2, 3], 2]);
     // The first INCR alone (flushed ahead of LENGTHS), LENGTHS alone, the second INCR alone.
     expect(await scriptCommands(redis.admin)).toBe(3);
+    client.disconnect();
+  });
+
+  it('reads the server clock once per merged command for scripts that share it, and per call for the others', async () => {
+    const client = redis.node.client();
+    await client.ping();
+    await redis.admin.config('RESETSTAT');
+    const shared = await together(Array.from({ length: 6 }, () => () => SHARED_CLOCK.run(client, [], [])));
+    expect(await scriptCommands(redis.admin)).toBe(1);
+    expect((await commandStats(redis.admin, 'time')).calls).toBe(1);
+    expect(new Set(shared.map((r) => (r as PromiseFulfilledResult<unknown>).value)).size).toBe(1);
+    await redis.admin.config('RESETSTAT');
+    await together(Array.from({ length: 6 }, () => () => CLOCK.run(client, [], [])));
+    expect(await scriptCommands(redis.admin)).toBe(1);
+    expect((await commandStats(redis.admin, 'time')).calls).toBe(6);
     client.disconnect();
   });
 });

@@ -160,7 +160,7 @@ end
 local f = proposal()
 redis.call('SET', lockKey, record(token, f, 1, waiters, owner), 'PX', ttl)
 return granted(f, waiters)
-`, true); // patient: every caller awaits it (see Script)
+`, { patient: true }); // every caller awaits it (see Script)
 
 /** Keep the lock at least `ttl` more ms if `token` holds it; the new remaining ms, or -1 when not held. */
 export const EXTEND = new Script(`

@@ -133,19 +133,14 @@ export class RedisBucketStore implements BucketStore {
       // A peek spends nothing, so it needs no such hook.
       commit ? (late) => this.refund(name, late as TakeReply, cost) : undefined,
     ).then((result) => {
-      const reply = result as TakeReply;
+      // Redis read the clock and the bucket; the decision is the same arithmetic on what it saw, done here.
       // Number(): a client made with ioredis's `stringNumbers` answers numbers as strings.
-      const decision: Decision = {
-        allowed: Number(reply[0]) === 1,
-        limit: this.params.capacity,
-        remaining: Number(reply[1]),
-        retryAfter: Number(reply[2]),
-        resetAfter: Number(reply[3]),
-      };
+      const ahead = Number((result as TakeReply)[0]);
+      const { decision, after } = decide(this.params, ahead, 0, cost, false);
       // Remember a bucket another take of this cost would find short (after a denial, or a grant that emptied it), and
       // keep a remembered one up to date.
       if (commit && resets === this.resets && (!decision.allowed || decision.remaining < cost || this.denied.has(key))) {
-        this.remember(key, sent, Number(reply[4]));
+        this.remember(key, sent, after);
       }
       return decision;
     });
@@ -167,10 +162,12 @@ export class RedisBucketStore implements BucketStore {
 
   /** Gives back the tokens of an admitting take whose caller gave up, while the bucket still holds what it stored. */
   private refund(name: string, reply: TakeReply, cost: number): void {
-    if (Number(reply[0]) !== 1 || reply[5] === '') return;
+    const stored = Number(reply[1]);
+    // Only a grant spent tokens; a denial stores only when it clamped a TAT from a clock step back.
+    if (stored === 0 || !decide(this.params, Number(reply[0]), 0, cost, false).decision.allowed) return;
     // The µs TAKE added for `cost` (the same expression as in the script).
     const spent = Math.ceil(cost * this.params.interval);
-    bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [reply[5], spent])).catch(() => undefined);
+    bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [stored, spent])).catch(() => undefined);
   }
 
   private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
@@ -178,8 +175,8 @@ export class RedisBucketStore implements BucketStore {
   }
 }
 
-/** TAKE's reply: allowed, remaining, retryAfter ms, resetAfter ms, resetAfter µs, the TAT it stored ('' for none). */
-type TakeReply = [number | string, number | string, number | string, number | string, number | string, string];
+/** TAKE's reply: µs the bucket's TAT lay ahead of the server clock, the TAT it stored (0 for none). */
+type TakeReply = [number | string, number | string];
 
 function unavailable(error: unknown): RateLimitUnavailableError {
   return new RateLimitUnavailableError(`token bucket store failed: ${(error as Error).message}`, { cause: error });

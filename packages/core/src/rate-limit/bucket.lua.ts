@@ -2,9 +2,10 @@
 import { Script } from '../redis/script.js';
 
 /**
- * Take (or peek at) `cost` tokens. Returns {allowed 0|1, remaining, retryAfter ms, resetAfter ms, resetAfter µs, stored}:
- * the resetAfter µs, unrounded, lets the caller remember exactly when the bucket refills; `stored` is the TAT this take
- * wrote ('' when it wrote nothing), for a REFUND if its caller gave up on it.
+ * Take (or peek at) `cost` tokens. Returns {ahead, stored}: how far (µs) the bucket's TAT lay ahead of the server clock
+ * before this call (clamped to a burst), from which `decide` in JavaScript computes the decision with the same
+ * arithmetic, and the TAT this take wrote (0 when it wrote nothing), for a REFUND if its caller gave up on it. Two
+ * integers rather than the decision's five numbers: each reply element costs the server and the client time.
  * The key holds the TAT in µs and expires when the bucket is full again, so a full bucket leaves no key.
  */
 export const TAKE = new Script(`
@@ -16,36 +17,31 @@ local commit = ARGV[4] == '1'           -- '1' take, '0' peek
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tat = tonumber(redis.call('GET', key) or '0')
 local burst = capacity * interval
-local base = tat
-if base < now then base = now end
--- A TAT beyond now + burst means the server clock went back (NTP step, failover to a host whose clock is behind):
--- count the bucket as empty, not as locked for the length of the jump, and let a take write the clamped TAT down.
-local stale = base > now + burst
-if stale then base = math.floor(now + burst) end
--- Whole µs per take, at least 1: ceil(base + tiny) would round to base and make tiny costs free.
-local newTat = base + math.ceil(cost * interval)
-local allowed = newTat - now <= burst
-local after = base
-local store = nil
-if allowed then
-  after = newTat
-  store = newTat
-elseif stale then
-  store = base
+-- How far the TAT lies ahead of now (0: the bucket is full), relative so that the numbers stay small and exact.
+local ahead = tonumber(redis.call('GET', key) or '0') - now
+if ahead < 0 then ahead = 0 end
+-- Further ahead than a whole burst means the server clock went back (NTP step, failover to a host whose clock is
+-- behind): count the bucket as empty, not as locked for the length of the jump, and let a take write the clamped TAT.
+local stale = ahead > burst
+if stale then ahead = math.floor(burst) end
+local store = 0
+if commit then
+  -- Whole µs per take, at least 1: a tiny cost still costs something.
+  local later = ahead + math.ceil(cost * interval)
+  if later <= burst then
+    store = later
+  elseif stale then
+    store = ahead
+  end
+  if store ~= 0 then
+    -- %d keeps all digits; Lua's default number format would round them away. The key expires when the bucket is full.
+    redis.call('SET', key, string.format('%d', now + store), 'PX', math.ceil(store / 1000))
+    store = now + store
+  end
 end
-if commit and store then
-  -- %d keeps all digits; Lua's default number format would round them away. The key expires when the bucket is full.
-  redis.call('SET', key, string.format('%d', store), 'PX', math.ceil((store - now) / 1000))
-end
-local remaining = math.floor((burst - (after - now)) / interval)
-local retryAfter = 0
-if not allowed then retryAfter = math.ceil((newTat - burst - now) / 1000) end
-local stored = ''
-if commit and store then stored = string.format('%d', store) end
-return {allowed and 1 or 0, remaining, retryAfter, math.ceil((after - now) / 1000), after - now, stored}
-`, true); // patient: every caller awaits it (see Script)
+return {ahead, store}
+`, { patient: true, sharedClock: true }); // every caller awaits it; see Script
 
 /**
  * Give back what a take that its caller never saw (it timed out) spent: only while the key still holds exactly the TAT

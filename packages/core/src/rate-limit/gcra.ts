@@ -18,7 +18,9 @@ export function gcraParams(capacity: number, ratePerSecond: number): GcraParams 
 
 /**
  * Decides a take of `cost` at `now` (µs) for a bucket whose TAT is `tat` (µs; absent or past means full).
- * `store` is the TAT to write when the decision is a take (`commit`), or undefined when nothing changes.
+ * `store` is the TAT to write when the decision is a take (`commit`), or undefined when nothing changes; `after` is the
+ * TAT once decided (whether written or not). The Redis store calls this with `now` 0 and `tat` relative to the server's
+ * clock, as TAKE reports it.
  */
 export function decide(
   p: GcraParams,
@@ -26,7 +28,7 @@ export function decide(
   now: number,
   cost: number,
   commit = true,
-): { decision: Decision; store: number | undefined } {
+): { decision: Decision; store: number | undefined; after: number } {
   const burst = p.capacity * p.interval;
   let base = tat === undefined || tat < now ? now : tat;
   // A TAT beyond now + burst means the clock went back (NTP step, failover to a host whose clock is behind): count the
@@ -38,6 +40,7 @@ export function decide(
   const allowed = newTat - now <= burst;
   const after = allowed ? newTat : base;
   return {
+    after,
     store: !commit ? undefined : allowed ? newTat : stale ? base : undefined,
     decision: {
       allowed,
