@@ -198,6 +198,7 @@ async function httpCases(node: RedisNode): Promise<Results['http']> {
     cases.push({ framework, variant: 'bare', regime: 'allowed' });
     for (const regime of ['allowed', 'flooded'] as const) for (const variant of peers[framework]) cases.push({ framework, variant, regime });
     cases.push({ framework, variant: 'hasp-lock', regime: 'allowed' });
+    cases.push({ framework, variant: 'redis-get', regime: 'allowed' });
   }
   const results = await interleaved(
     'http',

@@ -14,7 +14,11 @@ import { RedisStore, type RedisReply } from 'rate-limit-redis';
 import { RateLimiterRedis } from 'rate-limiter-flexible';
 
 export type Framework = 'express' | 'koa';
-export type HttpVariant = 'bare' | 'hasp' | 'erl' | 'rlf' | 'koa-ratelimit' | 'hasp-lock';
+/**
+ * `redis-get` is no limiter but a floor: one plain GET of the request's key per request, on an auto-pipelining client,
+ * so what any limiter that asks Redis once per request costs at least, before doing anything.
+ */
+export type HttpVariant = 'bare' | 'hasp' | 'erl' | 'rlf' | 'koa-ratelimit' | 'hasp-lock' | 'redis-get';
 export type Regime = 'allowed' | 'flooded';
 
 export interface HttpServerJob {
@@ -33,7 +37,7 @@ export const LIMITS: Record<Regime, { capacity: number; perMinute: number }> = {
 const header = (h: http.IncomingHttpHeaders): string | undefined => h['x-key'] as string | undefined;
 
 export async function startServer(job: HttpServerJob): Promise<{ port: number; close(): Promise<void> }> {
-  const redis = new Redis({ port: job.redisPort, host: '127.0.0.1' });
+  const redis = new Redis({ port: job.redisPort, host: '127.0.0.1', enableAutoPipelining: job.variant === 'redis-get' });
   await redis.ping();
   const { capacity, perMinute } = LIMITS[job.regime];
   const handler = job.framework === 'express' ? expressApp(job, redis, capacity, perMinute) : koaApp(job, redis, capacity, perMinute);
@@ -58,6 +62,11 @@ function expressApp(job: HttpServerJob, redis: Redis, capacity: number, perMinut
       break;
     case 'hasp':
       mw = haspExpress.rateLimit({ capacity, rate: `${perMinute}/min`, redis, key: (req) => header(req.headers) });
+      break;
+    case 'redis-get':
+      mw = (req, _res, next) => {
+        redis.get(header(req.headers) ?? '').then(() => next(), next);
+      };
       break;
     case 'hasp-lock': {
       // Distinct keys: a fresh key per request, so no request ever waits for another.
@@ -109,6 +118,9 @@ function koaApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: n
       break;
     case 'hasp':
       mw = haspKoa.rateLimit({ capacity, rate: `${perMinute}/min`, redis, key: (ctx) => header(ctx.headers) });
+      break;
+    case 'redis-get':
+      mw = (ctx, next) => redis.get(header(ctx.headers) ?? '').then(next);
       break;
     case 'hasp-lock': {
       let n = 0;
