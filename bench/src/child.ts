@@ -8,7 +8,7 @@ type Job =
   | ({ kind: 'uncontended' } & LockJob)
   | ({ kind: 'contended' } & LockJob)
   | ({ kind: 'http-server' } & HttpServerJob)
-  | ({ kind: 'load' } & LoadJob)
+  | ({ kind: 'load' } & Omit<LoadJob, 'url'>)
   | { kind: 'redis-memory'; port: number }
   | ({ kind: 'heap' } & Parameters<typeof runHeap>[0]);
 
@@ -22,15 +22,18 @@ async function handle(job: Job): Promise<void> {
       return answer(await runUncontended(job));
     case 'contended':
       return answer(await runContended(job));
-    case 'load':
+    case 'load': {
+      // Forked while the server starts, so both load their modules at once: the server's address comes next.
+      const { url } = await new Promise<{ url: string }>((resolve) => process.once('message', resolve));
       return answer(
-        await runLoad(job, async () => {
+        await runLoad({ ...job, url }, async () => {
           // Tell the parent the warm-up is over and wait for its go (it snapshots CPU counters in between).
           const go = new Promise<void>((resolve) => process.once('message', () => resolve()));
           await send({ type: 'ready', data: null });
           await go;
         }),
       );
+    }
     case 'redis-memory':
       return answer(await runRedisMemory(job));
     case 'heap':

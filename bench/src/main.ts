@@ -207,33 +207,31 @@ async function httpCases(node: RedisNode): Promise<Results['http']> {
     async (c): Promise<HttpResult> => {
       await node.flush();
       const serverJob: HttpServerJob = { ...c, redisPort: node.port };
+      const { connections, warmupSec, seconds } = CONFIG.http;
+      const job: Omit<LoadJob, 'url'> = { connections, warmupSec, seconds, keys: c.regime === 'flooded' ? 1 : 1_000 };
+      // Both children start together (each spends about a second loading modules); the load waits for the address.
       const server = forkChild({ kind: 'http-server', ...serverJob });
+      const load = forkChild({ kind: 'load', ...job });
       try {
         const { port } = (await server.next('ready', 30_000)) as { port: number };
-        const { connections, warmupSec, seconds } = CONFIG.http;
-        const job: LoadJob = { url: `http://127.0.0.1:${port}/`, connections, warmupSec, seconds, keys: c.regime === 'flooded' ? 1 : 1_000 };
-        const load = forkChild({ kind: 'load', ...job });
-        try {
-          await load.next('ready', warmupSec * 1000 + 30_000);
-          const cpu = async () => {
-            server.send({ type: 'cpu' });
-            const u = (await server.next('result', 10_000)) as NodeJS.CpuUsage;
-            return { server: u.user + u.system, redis: await redisCpuSeconds(node.port) };
-          };
-          const before = await cpu();
-          load.send({ type: 'go' });
-          const result = (await load.next('result', seconds * 1000 + 30_000)) as LoadResult;
-          const after = await cpu();
-          return {
-            ...result,
-            serverCpuUs: (after.server - before.server) / result.requests,
-            redisCpuUs: ((after.redis - before.redis) * 1e6) / result.requests,
-          };
-        } finally {
-          await load.stop();
-        }
+        load.send({ url: `http://127.0.0.1:${port}/` });
+        await load.next('ready', warmupSec * 1000 + 30_000);
+        const cpu = async () => {
+          server.send({ type: 'cpu' });
+          const u = (await server.next('result', 10_000)) as NodeJS.CpuUsage;
+          return { server: u.user + u.system, redis: await redisCpuSeconds(node.port) };
+        };
+        const before = await cpu();
+        load.send({ type: 'go' });
+        const result = (await load.next('result', seconds * 1000 + 30_000)) as LoadResult;
+        const after = await cpu();
+        return {
+          ...result,
+          serverCpuUs: (after.server - before.server) / result.requests,
+          redisCpuUs: ((after.redis - before.redis) * 1e6) / result.requests,
+        };
       } finally {
-        await server.stop();
+        await Promise.all([load.stop(), server.stop()]);
       }
     },
     CONFIG.httpRounds,

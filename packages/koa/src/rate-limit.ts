@@ -4,6 +4,9 @@ import type { Context, Middleware, Next } from 'koa';
 import { keepFieldsOnError } from './keep-fields.js';
 import type { RateLimitHandler, RateLimitOptions } from './types.js';
 
+/** The handler answered the denied request: what it returns means nothing to Koa. */
+const ignore = (): void => undefined;
+
 // Koa's ctx.ip is the socket address, or the X-Forwarded-For client only when app.proxy is set.
 const ipKey = (ctx: Context): string => clientIpKey(ctx.ip);
 
@@ -23,24 +26,21 @@ export function rateLimit(options: RateLimitOptions): Middleware {
   const handler = limiter.handler;
   const headers = limiter.headers;
 
-  return async function rateLimitMiddleware(ctx: Context, next: Next): Promise<void> {
-    const d = await limiter.check(ctx);
-    if (d === undefined) return next();
-    ctx.state.rateLimit = d;
-    if (headers || !d.allowed) limiter.setHeaders(ctx.res, d);
-    if (!d.allowed) {
-      if (handler !== undefined) {
-        await handler(ctx, d);
-        return;
+  // A plain promise chain rather than an async function: this runs for every request.
+  return function rateLimitMiddleware(ctx: Context, next: Next): Promise<void> {
+    return limiter.check(ctx).then((d) => {
+      if (d === undefined) return next();
+      ctx.state.rateLimit = d;
+      if (headers || !d.allowed) limiter.setHeaders(ctx.res, d);
+      if (!d.allowed) {
+        if (handler !== undefined) return Promise.resolve(handler(ctx, d)).then(ignore);
+        throw limiter.deniedError(d, ctx.res);
       }
-      throw limiter.deniedError(d, ctx.res);
-    }
-    if (!headers) return next();
-    try {
-      await next();
-    } catch (error) {
-      keepFieldsOnError(ctx);
-      throw error;
-    }
+      if (!headers) return next();
+      return next().catch((error: unknown) => {
+        keepFieldsOnError(ctx);
+        throw error;
+      });
+    });
   };
 }
