@@ -87,7 +87,12 @@ describe('the bundle of merged calls', () => {
     const shared = await together(Array.from({ length: 6 }, () => () => SHARED_CLOCK.run(client, [], [])));
     expect(await scriptCommands(redis.admin)).toBe(1);
     expect((await commandStats(redis.admin, 'time')).calls).toBe(1);
-    expect(new Set(shared.map((r) => (r as PromiseFulfilledResult<unknown>).value)).size).toBe(1);
+    const times = (results: PromiseSettledResult<unknown>[]) => new Set(results.map((r) => (r as PromiseFulfilledResult<unknown>).value));
+    expect(times(shared).size).toBe(1);
+    // Each merged command reads the clock afresh.
+    const later = await together(Array.from({ length: 6 }, () => () => SHARED_CLOCK.run(client, [], [])));
+    expect(times(later).size).toBe(1);
+    expect([...times(later)][0]).not.toBe([...times(shared)][0]);
     await redis.admin.config('RESETSTAT');
     await together(Array.from({ length: 6 }, () => () => CLOCK.run(client, [], [])));
     expect(await scriptCommands(redis.admin)).toBe(1);
