@@ -25,22 +25,23 @@ if ahead < 0 then ahead = 0 end
 -- behind): count the bucket as empty, not as locked for the length of the jump, and let a take write the clamped TAT.
 local stale = ahead > burst
 if stale then ahead = math.floor(burst) end
-local store = 0
+local stored = 0
 if commit then
   -- Whole µs per take, at least 1: a tiny cost still costs something.
   local later = ahead + math.ceil(cost * interval)
+  local write = 0                       -- how far ahead of now the TAT to write lies; 0: nothing to write
   if later <= burst then
-    store = later
+    write = later
   elseif stale then
-    store = ahead
+    write = ahead
   end
-  if store ~= 0 then
+  if write ~= 0 then
+    stored = now + write
     -- %d keeps all digits; Lua's default number format would round them away. The key expires when the bucket is full.
-    redis.call('SET', key, string.format('%d', now + store), 'PX', math.ceil(store / 1000))
-    store = now + store
+    redis.call('SET', key, string.format('%d', stored), 'PX', math.ceil(write / 1000))
   end
 end
-return {ahead, store}
+return {ahead, stored}
 `, { patient: true, sharedClock: true }); // every caller awaits it; see Script
 
 /**
