@@ -1,10 +1,11 @@
 // The pub/sub wake-up connection against a real redis-server: subscriptions made at any point of the subscriber's
 // life take effect, so waiters are woken by messages rather than by the polling fallback.
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RedisLock } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { Wakeups } from '../../packages/core/src/redis/wakeups.js';
+import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { uniquePrefix, until, within } from './helpers.js';
 
@@ -83,5 +84,72 @@ describe('RedisLock wake-ups', () => {
     }
     holder.close();
     waiter.close();
+  });
+});
+
+describe('Wakeups across a server restart', () => {
+  /** Resolves on `client`'s next `event`, failing the test if it does not come within `ms`. */
+  const next = (client: Redis, event: string, ms = 10_000): Promise<void> =>
+    within(new Promise<void>((resolve) => client.once(event, () => resolve())), ms, `the subscriber's '${event}'`);
+
+  it('subscribes its channels again once the server is back, and wakes their listeners at once', async () => {
+    const own = await startRedis();
+    const wakeups = new Wakeups(own.client(), 2_000);
+    try {
+      const heard: string[] = [];
+      await within(wakeups.listen('wake:again', (m) => heard.push(m)), 3_000, 'the subscription');
+      const sub = (wakeups as unknown as { subscriber: Redis }).subscriber;
+      const back = next(sub, 'ready');
+      await own.restart();
+      await back;
+      // A release published while the subscriber was away is lost: the listener is told to look now ('' = anyone may
+      // try) instead of at its next poll.
+      await until(() => heard.includes(''), 3_000, 'the wake-up after the reconnect');
+      const publisher = own.client();
+      await until(async () => (await publisher.pubsub('NUMSUB', 'wake:again'))[1] === 1, 3_000, 'the resubscription');
+      await publisher.publish('wake:again', 'x');
+      await until(() => heard.includes('x'), 2_000, 'the message after the reconnect');
+    } finally {
+      wakeups.close();
+    }
+  });
+
+  it('leaves no unhandled rejection when closed while the resubscription is unanswered', async () => {
+    const own = await startRedis();
+    const proxy = await startProxy(own.port);
+    // Through a proxy that can cut the connection and lose the reply to the SUBSCRIBE sent after the reconnect. A short
+    // disconnectTimeout: the closed connection gives up on that reply soon (the subscriber copies the option).
+    const client = new Redis({ host: '127.0.0.1', port: proxy.port, disconnectTimeout: 100 });
+    const wakeups = new Wakeups(client, 2_000);
+    const unhandled: unknown[] = [];
+    const onRejection = (reason: unknown) => unhandled.push(reason);
+    process.on('unhandledRejection', onRejection);
+    try {
+      await within(wakeups.listen('wake:closing', () => undefined), 3_000, 'the subscription');
+      const sub = (wakeups as unknown as { subscriber: Redis }).subscriber;
+      proxy.swallowRepliesAfter('subscribe');
+      // Closed right after the reconnect's 'ready', once the SUBSCRIBE sent then is on its way.
+      const closed = new Promise<void>((resolve) =>
+        sub.once('ready', () =>
+          process.nextTick(() => {
+            wakeups.close();
+            resolve();
+          }),
+        ),
+      );
+      const ended = next(sub, 'end');
+      proxy.cut();
+      await within(closed, 10_000, 'the reconnect');
+      await ended;
+      // An unhandled rejection is reported once the microtasks of the tick that rejected have run: two turns cover it.
+      await new Promise((resolve) => setImmediate(resolve));
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', onRejection);
+      wakeups.close();
+      client.disconnect();
+      await proxy.close();
+    }
   });
 });

@@ -2,6 +2,7 @@
 // Channels stay subscribed for a short linger after their last waiter leaves, so a hot key's waiters do not pay a
 // SUBSCRIBE round trip each time; the connection is opened on first use, closed after an idle spell, and closed for
 // good when the user's client ends, so it never keeps a process alive on its own.
+import type { Redis } from 'ioredis';
 import type { RedisClient } from '../types.js';
 import { bounded } from './call.js';
 
@@ -103,8 +104,20 @@ export class Wakeups {
       this.idleTimer = undefined;
     }
     if (this.subscriber) return this.subscriber;
-    // duplicate() copies the user's connection options (auth, TLS, db) without touching the user's client.
-    const sub = this.client.duplicate() as RedisClient;
+    // duplicate() copies the user's connection options (auth, TLS, db) without touching the user's client. A Cluster
+    // copy subscribes through ioredis's own subscriber, which does not reconnect (it picks another node, and handles
+    // its resubscription's failures). A plain connection resubscribes itself (resubscribe()), not through ioredis's
+    // autoResubscribe: ioredis (5.x before its fix #2187) sends that SUBSCRIBE with no rejection handler, so closing
+    // the connection before the reply is an unhandled rejection in the user's process.
+    const cluster = (this.client as { isCluster?: unknown }).isCluster === true;
+    const sub = (cluster ? this.client.duplicate() : (this.client as Redis).duplicate({ autoResubscribe: false })) as RedisClient;
+    if (!cluster) {
+      let connectedBefore = false;
+      sub.on('ready', () => {
+        if (connectedBefore) this.resubscribe(sub);
+        connectedBefore = true;
+      });
+    }
     sub.on('error', () => {
       // Connection errors surface as failed/slow wake-ups and the waiters' polling fallback; nothing to report here.
     });
@@ -119,6 +132,21 @@ export class Wakeups {
     }
     this.subscriber = sub;
     return sub;
+  }
+
+  /**
+   * After a reconnect: subscribes every channel again, then wakes their listeners ('' = anyone may try), since a release
+   * published while the connection was down was lost and a waiter would otherwise wait for its next poll.
+   */
+  private resubscribe(sub: RedisClient): void {
+    if (this.subscriber !== sub || this.channels.size === 0) return;
+    const wake = () => {
+      if (this.subscriber !== sub) return;
+      for (const ch of this.channels.values()) for (const listener of [...ch.listeners]) listener('');
+    };
+    // Not bounded: a SUBSCRIBE the server never answers is failed by the connection's next close, and until then the
+    // waiters poll as they would without wake-ups.
+    sub.subscribe(...this.channels.keys()).then(wake, wake);
   }
 
   private deliver(channel: string, message: string): void {
