@@ -96,19 +96,27 @@ describe('Wakeups across a server restart', () => {
     const own = await startRedis();
     const wakeups = new Wakeups(own.client(), 2_000);
     try {
-      const heard: string[] = [];
-      await within(wakeups.listen('wake:again', (m) => heard.push(m)), 3_000, 'the subscription');
+      // Each message the listener hears settles the next promise in line.
+      const heard: ((message: string) => void)[] = [];
+      const hear = (): Promise<string> => new Promise((resolve) => heard.push(resolve));
+      let message = hear();
+      await within(
+        wakeups.listen('wake:again', (m) => heard.shift()?.(m)),
+        3_000,
+        'the subscription',
+      );
       const sub = (wakeups as unknown as { subscriber: Redis }).subscriber;
       const back = next(sub, 'ready');
       await own.restart();
       await back;
-      // A release published while the subscriber was away is lost: the listener is told to look now ('' = anyone may
-      // try) instead of at its next poll.
-      await until(() => heard.includes(''), 3_000, 'the wake-up after the reconnect');
+      // A release published while the subscriber was away is lost: once subscribed again, the listener is told to look
+      // now ('' = anyone may try) instead of at its next poll.
+      expect(await within(message, 3_000, 'the wake-up after the reconnect')).toBe('');
       const publisher = own.client();
-      await until(async () => (await publisher.pubsub('NUMSUB', 'wake:again'))[1] === 1, 3_000, 'the resubscription');
+      expect(await publisher.pubsub('NUMSUB', 'wake:again')).toEqual(['wake:again', 1]);
+      message = hear();
       await publisher.publish('wake:again', 'x');
-      await until(() => heard.includes('x'), 2_000, 'the message after the reconnect');
+      expect(await within(message, 2_000, 'the message after the reconnect')).toBe('x');
     } finally {
       wakeups.close();
     }
