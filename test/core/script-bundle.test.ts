@@ -13,6 +13,27 @@ const NOTHING = new Script(`return nil`);
 const LENGTHS = new Script(`return {#KEYS, #ARGV}`);
 const CLOCK = new Script(`local t = redis.call('TIME') return t[1] .. '.' .. t[2]`);
 const SHARED_CLOCK = new Script(`local t = redis.call('TIME') return t[1] .. '.' .. t[2]`, { sharedClock: true });
+// A script with a batch form (one key; a shared argument, then one of its own), which says which form answered.
+const PAIR = new Script(
+  `if ARGV[2] == 'fail' then return redis.error_reply('failed ' .. KEYS[1]) end
+return {'one', KEYS[1], ARGV[1] .. ':' .. ARGV[2]}`,
+  {
+    batch: {
+      source: `local out = {}
+for i = 1, #KEYS do
+  local mine = ARGV[1 + i]
+  out[3 * i - 2] = mine == 'fail' and redis.error_reply('failed ' .. KEYS[i]) or 'many'
+  out[3 * i - 1] = KEYS[i]
+  out[3 * i] = ARGV[1] .. ':' .. mine
+end
+return out`,
+      keys: 1,
+      args: 2,
+      shared: 1,
+      width: 3,
+    },
+  },
+);
 
 const redis = privateRedis();
 
@@ -97,6 +118,45 @@ describe('the bundle of merged calls', () => {
     await together(Array.from({ length: 6 }, () => () => CLOCK.run(client, [], [])));
     expect(await scriptCommands(redis.admin)).toBe(1);
     expect((await commandStats(redis.admin, 'time')).calls).toBe(6);
+    client.disconnect();
+  });
+});
+
+describe('the batch form of a script', () => {
+  const values = (results: PromiseSettledResult<unknown>[]) =>
+    results.map((r) => (r.status === 'fulfilled' ? r.value : (r.reason as Error).message));
+
+  it('runs merged calls of one script with the same leading arguments in its batch form, each with its own reply', async () => {
+    const client = redis.node.client();
+    await client.ping();
+    await redis.admin.config('RESETSTAT');
+    const results = await together([
+      () => PAIR.run(client, ['a'], ['s', '1']),
+      () => PAIR.run(client, ['b'], ['s', 'fail']),
+      () => PAIR.run(client, ['c'], ['s', '3']),
+    ]);
+    expect(values(results)).toEqual([['many', 'a', 's:1'], 'failed b', ['many', 'c', 's:3']]);
+    expect(await scriptCommands(redis.admin)).toBe(1);
+    client.disconnect();
+  });
+
+  it('leaves calls that differ in their leading arguments, or are mixed with other scripts, to the bundle', async () => {
+    const client = redis.node.client();
+    await client.ping();
+    await redis.admin.config('RESETSTAT');
+    const differing = await together([() => PAIR.run(client, ['a'], ['s', '1']), () => PAIR.run(client, ['b'], ['t', '2'])]);
+    expect(values(differing)).toEqual([
+      ['one', 'a', 's:1'],
+      ['one', 'b', 't:2'],
+    ]);
+    const mixed = await together([() => PAIR.run(client, ['a'], ['s', '1']), () => ECHO.run(client, ['b'], ['2'])]);
+    expect(values(mixed)).toEqual([
+      ['one', 'a', 's:1'],
+      ['b', '-', '2', '-', '-'],
+    ]);
+    // A call alone runs as the script itself.
+    expect(await PAIR.run(client, ['a'], ['s', 'fail']).catch((error: Error) => error.message)).toBe('failed a');
+    expect(await scriptCommands(redis.admin)).toBe(3);
     client.disconnect();
   });
 });

@@ -284,7 +284,7 @@ describe('TokenBucket on Redis', () => {
           const tx = redis.multi();
           if (tat === undefined) tx.del(key);
           else tx.set(key, String(tat));
-          tx.eval(source, 1, key, capacity, params.interval, cost, commit ? '1' : '0', Math.floor(now / 1e6), now % 1e6);
+          tx.eval(source, 1, key, capacity, params.interval, commit ? '1' : '0', cost, Math.floor(now / 1e6), now % 1e6);
           tx.get(key);
           tx.pttl(key);
           const results = (await tx.exec())!.map(([error, value]) => {
@@ -311,6 +311,70 @@ describe('TokenBucket on Redis', () => {
         },
       ),
       { numRuns: 400 },
+    );
+  });
+
+  it("runs takes merged in TAKE's batch form as TAKE runs them one by one, keys repeated included", async () => {
+    // The batch form with its one clock read replaced by the last two arguments.
+    const clockRead = "redis.call('TIME')";
+    const batch = TAKE.batch!.script.source;
+    expect(batch.split(clockRead)).toHaveLength(2);
+    const source = batch.replace(clockRead, '{ARGV[#ARGV - 1], ARGV[#ARGV]}');
+    const prefix = uniquePrefix('luabatch');
+    await fc.assert(
+      fc.asyncProperty(
+        fc
+          .record({
+            capacity: fc.oneof(fc.integer({ min: 1, max: 1_000 }), fc.double({ min: 0.01, max: 1e6, noNaN: true })),
+            rate: fc.oneof(fc.double({ min: 1e-6, max: 1e6, noNaN: true }), fc.integer({ min: 1, max: 1_000 })),
+            now: fc.integer({ min: 1_600_000_000_000_000, max: 2_000_000_000_000_000 }),
+            commit: fc.boolean(),
+            // The state of four buckets (as in the test above), then takes on them in any order, some on the same one.
+            tats: fc.array(fc.option(fc.double({ min: -2, max: 3, noNaN: true }), { nil: undefined }), {
+              minLength: 4,
+              maxLength: 4,
+            }),
+            takes: fc.array(fc.record({ bucket: fc.integer({ min: 0, max: 3 }), costShare: fc.double({ min: 0, max: 1, noNaN: true }) }), {
+              minLength: 1,
+              maxLength: 12,
+            }),
+          })
+          .filter(({ capacity, rate }) => {
+            const burst = capacity * gcraParams(capacity, rate).interval;
+            return burst >= 1 && burst <= 2 ** 51;
+          }),
+        async ({ capacity, rate, now, commit, tats, takes }) => {
+          const params = gcraParams(capacity, rate);
+          const burst = capacity * params.interval;
+          const keys = [0, 1, 2, 3].map((i) => `${prefix}{k${i}}`);
+          // What each bucket holds, relative to the clock, as TAKE would leave it after each take in turn.
+          const ahead = tats.map((share) => (share === undefined ? undefined : Math.floor(share * burst)));
+          const costs = takes.map((t) => Math.max(Number.MIN_VALUE, t.costShare * capacity));
+          const expected = takes.map((t, i) => {
+            const { decision, store } = decide(params, ahead[t.bucket], 0, costs[i]!, commit);
+            if (store !== undefined) ahead[t.bucket] = store;
+            return { decision, stored: store === undefined ? 0 : now + store };
+          });
+          const tx = redis.multi();
+          tats.forEach((share, i) => {
+            if (share === undefined) tx.del(keys[i]!);
+            else tx.set(keys[i]!, String(now + Math.floor(share * burst)));
+          });
+          const args = [capacity, params.interval, commit ? '1' : '0', ...costs, Math.floor(now / 1e6), now % 1e6];
+          tx.eval(source, takes.length, ...takes.map((t) => keys[t.bucket]!), ...args);
+          const results = (await tx.exec())!.map(([error, value]) => {
+            if (error) throw error;
+            return value;
+          });
+          const reply = results[results.length - 1] as number[];
+          expect(reply).toHaveLength(2 * takes.length);
+          expected.forEach(({ decision, stored }, i) => {
+            expect(decide(params, reply[2 * i]!, 0, costs[i]!, false).decision).toEqual(decision);
+            expect(reply[2 * i + 1]).toBe(stored);
+          });
+        },
+      ),
+      { numRuns: 300 },
     );
   });
 });
