@@ -51,7 +51,7 @@ function commandOf(id: CeilingCaseId): string[] {
       return ['EVALSHA', ACQUIRE.sha, '4', stem, `${stem}:f`, `${stem}:q`, `${stem}:d`, 'token-0123456789abcdef0123456789ab', '10000', '', '', '0'];
     }
     case 'evalsha-take':
-      // capacity 1e6, one token per µs: never limited; cost 1; commit
+      // capacity 1e6, one token per µs: never limited; a take (commit), of cost 1
       return ['EVALSHA', TAKE.sha, '1', 'hasp:tb:default:{bench:__rand_int__}', '1000000', '1', '1', '1'];
   }
 }
