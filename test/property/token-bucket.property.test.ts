@@ -162,6 +162,26 @@ describe('TokenBucket waits', () => {
   });
 });
 
+/** `source` with its one read of the server clock replaced by `clock` (Lua), so the server can be shown any time. */
+function pinClock(source: string, clock: string): string {
+  const clockRead = "redis.call('TIME')";
+  expect(source.split(clockRead)).toHaveLength(2);
+  return source.replace(clockRead, clock);
+}
+
+/** Bucket parameters and a server time (µs) for the tests of the Lua against the JavaScript arithmetic. */
+const luaBucket = {
+  capacity: fc.oneof(fc.integer({ min: 1, max: 1_000 }), fc.double({ min: 0.01, max: 1e6, noNaN: true })),
+  rate: fc.oneof(fc.double({ min: 1e-6, max: 1e6, noNaN: true }), fc.integer({ min: 1, max: 1_000 })),
+  now: fc.integer({ min: 1_600_000_000_000_000, max: 2_000_000_000_000_000 }),
+};
+
+/** Whether a bucket is one TokenBucket accepts: at least 1 µs of refill, at most 2^51 µs. */
+function burstFits({ capacity, rate }: { capacity: number; rate: number }): boolean {
+  const burst = capacity * gcraParams(capacity, rate).interval;
+  return burst >= 1 && burst <= 2 ** 51;
+}
+
 describe('TokenBucket on Redis', () => {
   let node: RedisNode;
   let redis: Redis;
@@ -252,18 +272,13 @@ describe('TokenBucket on Redis', () => {
   });
 
   it('runs the same arithmetic in Lua as in JavaScript, number for number', async () => {
-    // The script with its clock read replaced by two arguments, so the server can be shown any time.
-    const clockRead = "redis.call('TIME')";
-    expect(TAKE.source.split(clockRead)).toHaveLength(2);
-    const source = TAKE.source.replace(clockRead, '{ARGV[5], ARGV[6]}');
+    const source = pinClock(TAKE.source, '{ARGV[5], ARGV[6]}');
     const key = `${uniquePrefix('lua')}{k}`;
     await fc.assert(
       fc.asyncProperty(
         fc
           .record({
-            capacity: fc.oneof(fc.integer({ min: 1, max: 1_000 }), fc.double({ min: 0.01, max: 1e6, noNaN: true })),
-            rate: fc.oneof(fc.double({ min: 1e-6, max: 1e6, noNaN: true }), fc.integer({ min: 1, max: 1_000 })),
-            now: fc.integer({ min: 1_600_000_000_000_000, max: 2_000_000_000_000_000 }),
+            ...luaBucket,
             costShare: fc.double({ min: 0, max: 1, noNaN: true }),
             // Up to one burst ahead of the clock is a normal bucket; further ahead, the clock went back.
             tatShare: fc.option(fc.oneof(fc.double({ min: -2, max: 1, noNaN: true }), fc.double({ min: 1, max: 1e3, noNaN: true })), {
@@ -271,10 +286,7 @@ describe('TokenBucket on Redis', () => {
             }),
             commit: fc.boolean(),
           })
-          .filter(({ capacity, rate }) => {
-            const burst = capacity * gcraParams(capacity, rate).interval;
-            return burst >= 1 && burst <= 2 ** 51;
-          }),
+          .filter(burstFits),
         async ({ capacity, rate, now, costShare, tatShare, commit }) => {
           const params = gcraParams(capacity, rate);
           const cost = Math.max(Number.MIN_VALUE, costShare * capacity);
@@ -315,19 +327,14 @@ describe('TokenBucket on Redis', () => {
   });
 
   it("runs takes merged in TAKE's batch form as TAKE runs them one by one, keys repeated included", async () => {
-    // The batch form with its one clock read replaced by the last two arguments.
-    const clockRead = "redis.call('TIME')";
-    const batch = TAKE.batch!.script.source;
-    expect(batch.split(clockRead)).toHaveLength(2);
-    const source = batch.replace(clockRead, '{ARGV[#ARGV - 1], ARGV[#ARGV]}');
+    // The clock: the last two arguments, after every take's cost.
+    const source = pinClock(TAKE.batch!.script.source, '{ARGV[#ARGV - 1], ARGV[#ARGV]}');
     const prefix = uniquePrefix('luabatch');
     await fc.assert(
       fc.asyncProperty(
         fc
           .record({
-            capacity: fc.oneof(fc.integer({ min: 1, max: 1_000 }), fc.double({ min: 0.01, max: 1e6, noNaN: true })),
-            rate: fc.oneof(fc.double({ min: 1e-6, max: 1e6, noNaN: true }), fc.integer({ min: 1, max: 1_000 })),
-            now: fc.integer({ min: 1_600_000_000_000_000, max: 2_000_000_000_000_000 }),
+            ...luaBucket,
             commit: fc.boolean(),
             // The state of four buckets (as in the test above), then takes on them in any order, some on the same one.
             tats: fc.array(fc.option(fc.double({ min: -2, max: 3, noNaN: true }), { nil: undefined }), {
@@ -339,10 +346,7 @@ describe('TokenBucket on Redis', () => {
               maxLength: 12,
             }),
           })
-          .filter(({ capacity, rate }) => {
-            const burst = capacity * gcraParams(capacity, rate).interval;
-            return burst >= 1 && burst <= 2 ** 51;
-          }),
+          .filter(burstFits),
         async ({ capacity, rate, now, commit, tats, takes }) => {
           const params = gcraParams(capacity, rate);
           const burst = capacity * params.interval;
