@@ -312,21 +312,16 @@ function flushBatch(batch: Batch, late = false): void {
   }
   const n = calls.length;
   const form = batchFormOf(calls);
+  // Both forms take every call's keys in order; they differ in how they lay out the arguments.
   const keys: string[] = [];
+  for (const c of calls) for (const k of c.keys) keys.push(k);
   let args: (string | number)[];
   if (form !== undefined) {
-    const first = calls[0]!.args;
-    args = first.slice(0, form.shared);
-    for (const c of calls) {
-      for (const k of c.keys) keys.push(k);
-      for (let j = form.shared; j < form.args; j++) args.push(c.args[j]!);
-    }
+    args = calls[0]!.args.slice(0, form.shared);
+    for (const c of calls) for (let j = form.shared; j < form.args; j++) args.push(c.args[j]!);
   } else {
     args = [n];
-    for (const c of calls) {
-      args.push(c.script.index + FIELD * c.keys.length + FIELD * FIELD * c.args.length);
-      for (const k of c.keys) keys.push(k);
-    }
+    for (const c of calls) args.push(c.script.index + FIELD * c.keys.length + FIELD * FIELD * c.args.length);
     for (const c of calls) for (const a of c.args) args.push(a);
   }
   let pending: Promise<unknown>;
