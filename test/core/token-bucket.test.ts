@@ -4,6 +4,8 @@ import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { RateLimitUnavailableError, TokenBucket, type Decision } from '../../packages/core/src/index.js';
 import type { MemoryBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
+import { EXPIRY_GRID_US } from '../../packages/core/src/rate-limit/bucket.lua.js';
+import { keyStem } from '../../packages/core/src/redis/keys.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { expectInvalid, rejection, uniquePrefix, until, within } from './helpers.js';
 
@@ -21,6 +23,11 @@ function manualClock(start = 1_700_000_000_000): { now: () => number; advance: (
 async function serverMicros(redis: Redis): Promise<number> {
   const [s, us] = await redis.time();
   return Number(s) * 1_000_000 + Number(us);
+}
+
+/** The server time (epoch ms) at which a bucket key holding `tat` (µs) expires: the end of that TAT's second. */
+function expiryOf(tat: number): number {
+  return (Math.floor(tat / EXPIRY_GRID_US) + 1) * (EXPIRY_GRID_US / 1_000);
 }
 
 /** The in-memory store behind a bucket built without `redis`. */
@@ -295,7 +302,7 @@ describe('TokenBucket on Redis', () => {
     }
   });
 
-  it('leaves no key behind: the key expires when the bucket is full again, and peeks and denials write nothing', async () => {
+  it('leaves no key behind: the key expires by the end of the second in which the bucket is full, peeks and denials write nothing', async () => {
     const prefix = uniquePrefix('exp');
     const bucket = new TokenBucket({ capacity: 3, rate: '10/s', redis: admin, prefix });
     await bucket.peek('k', 3);
@@ -305,21 +312,108 @@ describe('TokenBucket on Redis', () => {
     expect(d).toMatchObject({ allowed: true, remaining: 0, resetAfter: 300 });
     const [name] = await admin.keys(`${prefix}*`);
     expect(name).toBeDefined();
-    const pttl = await admin.pttl(name!);
-    // Expires no later than the bucket is full again, and not much earlier.
-    expect(pttl).toBeLessThanOrEqual(300);
-    expect(pttl).toBeGreaterThan(100);
+    // The key holds the TAT in hex and expires at the end of the TAT's second on the server's clock (see TAKE).
+    const tat = Number(await admin.get(name!));
+    expect(Number(await admin.call('PEXPIRETIME', name!))).toBe(expiryOf(tat));
+    expect(tat - (await serverMicros(admin))).toBeGreaterThan(200_000);
     // A denial leaves the key (and its expiry) as it was.
     expect((await bucket.take('k')).allowed).toBe(false);
-    expect(await admin.pttl(name!)).toBeLessThanOrEqual(pttl);
+    expect(Number(await admin.get(name!))).toBe(tat);
+    expect(Number(await admin.call('PEXPIRETIME', name!))).toBe(expiryOf(tat));
     await until(async () => (await admin.exists(name!)) === 0, 3_000, 'the bucket key to expire');
-    // Not before the bucket is full again (300 ms after the take reached the server).
+    // Not before the bucket is full again (300 ms after the take reached the server), at most a second after.
     expect(performance.now() - takenAfter).toBeGreaterThanOrEqual(295);
+    expect(performance.now() - takenAfter).toBeLessThan(1_300 + 500);
     expect(await bucket.peek('k', 3)).toMatchObject({ allowed: true, remaining: 0 });
     expect(await admin.keys(`${prefix}*`)).toEqual([]);
-    // A small take sets a short expiry: one token at 10/s.
-    await bucket.take('k');
-    expect(await admin.pttl(name!)).toBeLessThanOrEqual(100);
+  });
+
+  it('reads merged takes with one MGET, and keeps a key its expiry while its TAT stays in the same second (seen by MONITOR)', async () => {
+    const client = node.client();
+    await client.ping();
+    const prefix = uniquePrefix('grid');
+    // A token every µs: the bucket stays full, so each take writes a TAT a µs after the server's clock, and the takes,
+    // over some ms, rarely see that clock pass into the next second.
+    const bucket = new TokenBucket({ capacity: 1_000_000, rate: 1_000_000, redis: client, prefix });
+    const monitor = await node.client().monitor();
+    const scripts: string[][] = [];
+    const inner: string[][] = [];
+    const source = `127.0.0.1:${(client as unknown as { stream: { localPort: number } }).stream.localPort}`;
+    let ended = false;
+    monitor.on('monitor', (_time: string, args: string[], from: string) => {
+      if (from === 'lua') inner.push(args.map((a) => a.toLowerCase()));
+      else if (from === source && args[0]?.toLowerCase() === 'echo') ended = true;
+      else if (from === source) scripts.push(args);
+    });
+    try {
+      // Merged (several per command), then one by one.
+      const merged = await Promise.all(Array.from({ length: 40 }, () => bucket.take('k')));
+      for (let i = 0; i < 5; i++) merged.push(await bucket.take('k'));
+      expect(merged.every((d) => d.allowed)).toBe(true);
+      await client.echo('end');
+      await until(() => ended, 5_000, 'MONITOR to show the end marker');
+      const calls = scripts.filter((a) => a[0]!.toLowerCase() === 'evalsha' || a[0]!.toLowerCase() === 'eval');
+      expect(calls.length).toBeLessThan(45);
+      const commands = inner.map((a) => a[0]);
+      // One MGET per script call (the first on a connection is EVAL, so none meets NOSCRIPT), no GET.
+      expect(commands.filter((c) => c === 'mget').length).toBe(calls.length);
+      expect(commands).not.toContain('get');
+      const sets = inner.filter((a) => a[0] === 'set');
+      expect(sets).toHaveLength(45);
+      // The first creates the key (NX: MGET reads a key of another type as none); a new expiry only when the TAT
+      // crosses into the next second; every other take keeps the expiry.
+      expect(sets[0]).toContain('nx');
+      expect(sets.filter((a) => a.includes('px')).length).toBeLessThanOrEqual(2);
+      expect(sets.filter((a) => a.includes('keepttl')).length).toBeGreaterThanOrEqual(43);
+      const [name] = await admin.keys(`${prefix}*`);
+      const tat = Number(await admin.get(name!));
+      expect(Number(await admin.call('PEXPIRETIME', name!))).toBe(expiryOf(tat));
+    } finally {
+      monitor.disconnect();
+      client.disconnect();
+    }
+  });
+
+  it('fails a take on a key of another type, or holding no number, alone, and leaves that key as it was', async () => {
+    const client = node.client();
+    await client.ping();
+    const prefix = uniquePrefix('type');
+    const bucket = new TokenBucket({ capacity: 5, rate: '1/min', redis: client, prefix });
+    await admin.hset(keyStem(prefix, 'hash'), 'f', '1');
+    await admin.set(keyStem(prefix, 'text'), 'abc');
+    const wrongType = /WRONGTYPE/;
+    const notNumber = /not a number/;
+    // Merged into one command each (takes, then peeks: their leading arguments differ), then one by one.
+    const settled = await Promise.allSettled([
+      bucket.take('ok'),
+      bucket.take('hash'),
+      bucket.take('text'),
+      bucket.take('ok'),
+      bucket.peek('hash'),
+      bucket.peek('free'),
+      bucket.peek('text'),
+    ]);
+    const alone: PromiseSettledResult<Decision>[] = [];
+    for (const call of [() => bucket.take('hash'), () => bucket.peek('hash'), () => bucket.take('text')]) {
+      alone.push(...(await Promise.allSettled([call()])));
+    }
+    const outcome = (r: PromiseSettledResult<Decision>): unknown =>
+      r.status === 'fulfilled' ? r.value.remaining : ((r.reason as Error).constructor.name + ': ' + (r.reason as Error).message);
+    const [ok1, hash, text, ok2, peekHash, peekFree, peekText] = settled.map(outcome);
+    // (A peek answers what would remain after taking its cost.)
+    expect([ok1, ok2, peekFree]).toEqual([4, 3, 4]);
+    for (const e of [hash, peekHash, outcome(alone[0]!), outcome(alone[1]!)]) {
+      expect(e).toMatch(/^RateLimitUnavailableError: /);
+      expect(e).toMatch(wrongType);
+    }
+    for (const e of [text, peekText, outcome(alone[2]!)]) {
+      expect(e).toMatch(/^RateLimitUnavailableError: /);
+      expect(e).toMatch(notNumber);
+    }
+    expect(await admin.hgetall(keyStem(prefix, 'hash'))).toEqual({ f: '1' });
+    expect(await admin.get(keyStem(prefix, 'text'))).toBe('abc');
+    expect(await admin.pttl(keyStem(prefix, 'text'))).toBe(-1);
+    client.disconnect();
   });
 
   it('never admits more than capacity + rate × elapsed to 20 concurrent connections, and no fewer under full demand', async () => {
@@ -502,6 +596,26 @@ describe('TokenBucket when Redis fails', () => {
     await until(async () => (await bucket.peek('sms')).remaining === 2, 2_000, 'the refund');
     expect((await bucket.take('sms')).remaining).toBe(2);
     expect((await bucket.take('sms')).remaining).toBe(1);
+  });
+
+  it('gives back a late take on a bucket in use: the key holds the TAT before it again, with an expiry that covers it', async () => {
+    const redis = down.client();
+    clients.push(redis);
+    const prefix = uniquePrefix('refund3');
+    const bucket = new TokenBucket({ capacity: 3, rate: '3/10min', redis, prefix, timeout: 200 });
+    expect((await bucket.take('sms')).remaining).toBe(2);
+    const name = keyStem(prefix, 'sms');
+    const before = await redis.get(name);
+    down.pause();
+    try {
+      expectUnavailable(await within(rejection(bucket.take('sms')), 2_000, 'take on a frozen server'));
+    } finally {
+      down.resume();
+    }
+    await until(async () => (await redis.get(name)) === before, 2_000, 'the refund');
+    expect((await bucket.peek('sms')).remaining).toBe(1);
+    // Expiring at the end of that TAT's second, as TAKE had left it.
+    expect(Number(await redis.call('PEXPIRETIME', name))).toBe(expiryOf(Number(before)));
   });
 
   it('keeps the tokens of a late take once another take has built on it (a refund then could admit too much)', async () => {

@@ -1,10 +1,10 @@
 // Property tests of TokenBucket: the memory and Redis buckets against an independent continuous-bucket model over
 // random operation sequences, the Lua script against the JavaScript arithmetic, and the never-over-admit bound.
 import fc from 'fast-check';
-import type { Redis } from 'ioredis';
+import type { ChainableCommander, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TokenBucket, type Decision } from '../../packages/core/src/index.js';
-import { TAKE } from '../../packages/core/src/rate-limit/bucket.lua.js';
+import { EXPIRY_GRID_US, TAKE } from '../../packages/core/src/rate-limit/bucket.lua.js';
 import { decide, gcraParams } from '../../packages/core/src/rate-limit/gcra.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { uniquePrefix } from '../core/helpers.js';
@@ -176,6 +176,31 @@ const luaBucket = {
   now: fc.integer({ min: 1_600_000_000_000_000, max: 2_000_000_000_000_000 }),
 };
 
+/**
+ * Queues on `tx` a bucket key holding `tat` (µs, undefined: no key) as of server time `now`, as a hasp of either format
+ * leaves it: hex under the expiry grid (expiring at the end of the TAT's second), or decimal as before the grid (expiring
+ * at the TAT itself, or never, as a key a test wrote by hand). A key whose expiry would have passed is no key.
+ */
+function presetBucket(tx: ChainableCommander, key: string, tat: number | undefined, now: number, hex: boolean): void {
+  const inMs = tat === undefined ? 0 : hex ? expiresIn(tat, now) : Math.ceil((tat - now) / 1_000);
+  if (tat === undefined || (hex && inMs <= 0)) tx.del(key);
+  else if (hex) tx.set(key, `0x${tat.toString(16)}`, 'PX', inMs);
+  else if (inMs > 0) tx.set(key, String(tat), 'PX', inMs);
+  else tx.set(key, String(tat));
+}
+
+/** Ms from server time `now` (µs) to the end of the grid second in which a TAT of `tat` lies: when its key expires. */
+function expiresIn(tat: number, now: number): number {
+  return (Math.floor(tat / EXPIRY_GRID_US) + 1) * (EXPIRY_GRID_US / 1_000) - Math.floor(now / 1_000);
+}
+
+/** A key TAKE wrote for a TAT of `tat`: that TAT in hex, expiring at the end of its second (less a transaction's ms). */
+function expectWritten(value: string | null, pttl: number, tat: number, now: number): void {
+  expect(value).toBe(`0x${tat.toString(16)}`);
+  expect(pttl).toBeLessThanOrEqual(expiresIn(tat, now));
+  expect(pttl).toBeGreaterThanOrEqual(expiresIn(tat, now) - 5);
+}
+
 /** Whether a bucket is one TokenBucket accepts: at least 1 µs of refill, at most 2^51 µs. */
 function burstFits({ capacity, rate }: { capacity: number; rate: number }): boolean {
   const burst = capacity * gcraParams(capacity, rate).interval;
@@ -271,7 +296,7 @@ describe('TokenBucket on Redis', () => {
     );
   });
 
-  it('runs the same arithmetic in Lua as in JavaScript, number for number', async () => {
+  it('runs the same arithmetic in Lua as in JavaScript, number for number, and keeps the key until the bucket is full', async () => {
     const source = pinClock(TAKE.source, '{ARGV[5], ARGV[6]}');
     const key = `${uniquePrefix('lua')}{k}`;
     await fc.assert(
@@ -284,18 +309,20 @@ describe('TokenBucket on Redis', () => {
             tatShare: fc.option(fc.oneof(fc.double({ min: -2, max: 1, noNaN: true }), fc.double({ min: 1, max: 1e3, noNaN: true })), {
               nil: undefined,
             }),
+            hex: fc.boolean(),
             commit: fc.boolean(),
           })
           .filter(burstFits),
-        async ({ capacity, rate, now, costShare, tatShare, commit }) => {
+        async ({ capacity, rate, now, costShare, tatShare, hex, commit }) => {
           const params = gcraParams(capacity, rate);
           const cost = Math.max(Number.MIN_VALUE, costShare * capacity);
           const burst = capacity * params.interval;
-          const tat = tatShare === undefined ? undefined : Math.floor(now + tatShare * burst);
+          let tat = tatShare === undefined ? undefined : Math.floor(now + tatShare * burst);
           // One transaction, so the key cannot expire (on the real clock) between the script and the reads.
           const tx = redis.multi();
-          if (tat === undefined) tx.del(key);
-          else tx.set(key, String(tat));
+          presetBucket(tx, key, tat, now, hex);
+          tx.get(key);
+          tx.pttl(key);
           tx.eval(source, 1, key, capacity, params.interval, commit ? '1' : '0', cost, Math.floor(now / 1e6), now % 1e6);
           tx.get(key);
           tx.pttl(key);
@@ -303,7 +330,8 @@ describe('TokenBucket on Redis', () => {
             if (error) throw error;
             return value;
           });
-          const [reply, stored, pttl] = results.slice(1) as [number[], string | null, number];
+          const [before, pttlBefore, reply, stored, pttl] = results.slice(1) as [string | null, number, number[], string | null, number];
+          if (before === null) tat = undefined;
           // The script reports how far the TAT lay ahead of its clock, and the store decides on that with decide(): the
           // same decision as decide() on the times relative to the clock, and the script wrote exactly what it says.
           const { decision, store: ahead } = decide(params, tat === undefined ? undefined : tat - now, 0, cost, commit);
@@ -311,14 +339,12 @@ describe('TokenBucket on Redis', () => {
           expect(decide(params, reply[0]!, 0, cost, commit).decision).toEqual(decision);
           expect(reply[1]).toBe(store ?? 0);
           if (store !== undefined) {
-            expect(stored).toBe(String(store));
-            // The key lives until the bucket is full again (less the ms or so of real time the transaction took).
-            const fullIn = Math.ceil((store - now) / 1_000);
-            expect(pttl).toBeLessThanOrEqual(fullIn);
-            expect(pttl).toBeGreaterThanOrEqual(fullIn - 5);
-            if (decision.allowed) expect(fullIn).toBe(decision.resetAfter);
+            // The key lives at least until the bucket is full again, and at most to the end of that second.
+            expectWritten(stored, pttl, store, now);
+            if (decision.allowed) expect(Math.ceil((store - now) / 1_000)).toBe(decision.resetAfter);
           } else {
-            expect(stored).toBe(tat === undefined ? null : String(tat));
+            expect(stored).toBe(before);
+            expect(pttl).toBeLessThanOrEqual(pttlBefore);
           }
         },
       ),
@@ -341,37 +367,47 @@ describe('TokenBucket on Redis', () => {
               minLength: 4,
               maxLength: 4,
             }),
+            hex: fc.array(fc.boolean(), { minLength: 4, maxLength: 4 }),
             takes: fc.array(fc.record({ bucket: fc.integer({ min: 0, max: 3 }), costShare: fc.double({ min: 0, max: 1, noNaN: true }) }), {
               minLength: 1,
               maxLength: 12,
             }),
           })
           .filter(burstFits),
-        async ({ capacity, rate, now, commit, tats, takes }) => {
+        async ({ capacity, rate, now, commit, tats, hex, takes }) => {
           const params = gcraParams(capacity, rate);
           const burst = capacity * params.interval;
           const keys = [0, 1, 2, 3].map((i) => `${prefix}{k${i}}`);
+          const preset = tats.map((share) => (share === undefined ? undefined : now + Math.floor(share * burst)));
+          // A hex key whose second has passed is no key.
+          preset.forEach((tat, i) => {
+            if (tat !== undefined && hex[i] && expiresIn(tat, now) <= 0) preset[i] = undefined;
+          });
           // What each bucket holds, relative to the clock, as TAKE would leave it after each take in turn.
-          const ahead = tats.map((share) => (share === undefined ? undefined : Math.floor(share * burst)));
+          const ahead = preset.map((tat) => (tat === undefined ? undefined : tat - now));
+          const written = new Map<number, number>();
           const costs = takes.map((t) => Math.max(Number.MIN_VALUE, t.costShare * capacity));
           const expected = takes.map((t, i) => {
             const { decision, store } = decide(params, ahead[t.bucket], 0, costs[i]!, commit);
-            if (store !== undefined) ahead[t.bucket] = store;
+            if (store !== undefined) {
+              ahead[t.bucket] = store;
+              written.set(t.bucket, now + store);
+            }
             return { decision, stored: store === undefined ? 0 : now + store };
           });
           const tx = redis.multi();
-          tats.forEach((share, i) => {
-            if (share === undefined) tx.del(keys[i]!);
-            else tx.set(keys[i]!, String(now + Math.floor(share * burst)));
-          });
+          preset.forEach((tat, i) => presetBucket(tx, keys[i]!, tat, now, hex[i]!));
           const args = [capacity, params.interval, commit ? '1' : '0', ...costs, Math.floor(now / 1e6), now % 1e6];
           tx.eval(source, takes.length, ...takes.map((t) => keys[t.bucket]!), ...args);
+          for (const k of keys) tx.get(k).pttl(k);
           const results = (await tx.exec())!.map(([error, value]) => {
             if (error) throw error;
             return value;
           });
-          const reply = results[results.length - 1] as number[];
+          const reply = results[results.length - 9] as number[];
           expect(reply).toHaveLength(2 * takes.length);
+          // Each written key holds its last TAT, with the expiry of that TAT's second.
+          for (const [i, tat] of written) expectWritten(results[results.length - 8 + 2 * i] as string | null, results[results.length - 7 + 2 * i] as number, tat, now);
           expected.forEach(({ decision, stored }, i) => {
             expect(decide(params, reply[2 * i]!, 0, costs[i]!, false).decision).toEqual(decision);
             expect(reply[2 * i + 1]).toBe(stored);
