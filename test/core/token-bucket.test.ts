@@ -312,7 +312,7 @@ describe('TokenBucket on Redis', () => {
     expect(d).toMatchObject({ allowed: true, remaining: 0, resetAfter: 300 });
     const [name] = await admin.keys(`${prefix}*`);
     expect(name).toBeDefined();
-    // The key holds the TAT in hex and expires at the end of the TAT's second on the server's clock (see TAKE).
+    // The key holds the TAT and expires at the end of the TAT's second on the server's clock (see TAKE).
     const tat = Number(await admin.get(name!));
     expect(Number(await admin.call('PEXPIRETIME', name!))).toBe(expiryOf(tat));
     expect(tat - (await serverMicros(admin))).toBeGreaterThan(200_000);

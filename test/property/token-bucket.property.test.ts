@@ -177,16 +177,12 @@ const luaBucket = {
 };
 
 /**
- * Queues on `tx` a bucket key holding `tat` (µs, undefined: no key) as of server time `now`, as a hasp of either format
- * leaves it: hex under the expiry grid (expiring at the end of the TAT's second), or decimal as before the grid (expiring
- * at the TAT itself, or never, as a key a test wrote by hand). A key whose expiry would have passed is no key.
+ * Queues on `tx` a bucket key holding `tat` (µs, undefined: no key) as of server time `now`, as TAKE leaves it: expiring
+ * at the end of the TAT's second. A key whose second has passed is no key.
  */
-function presetBucket(tx: ChainableCommander, key: string, tat: number | undefined, now: number, hex: boolean): void {
-  const inMs = tat === undefined ? 0 : hex ? expiresIn(tat, now) : Math.ceil((tat - now) / 1_000);
-  if (tat === undefined || (hex && inMs <= 0)) tx.del(key);
-  else if (hex) tx.set(key, `0x${tat.toString(16)}`, 'PX', inMs);
-  else if (inMs > 0) tx.set(key, String(tat), 'PX', inMs);
-  else tx.set(key, String(tat));
+function presetBucket(tx: ChainableCommander, key: string, tat: number | undefined, now: number): void {
+  if (tat === undefined || expiresIn(tat, now) <= 0) tx.del(key);
+  else tx.set(key, String(tat), 'PX', expiresIn(tat, now));
 }
 
 /** Ms from server time `now` (µs) to the end of the grid second in which a TAT of `tat` lies: when its key expires. */
@@ -194,9 +190,9 @@ function expiresIn(tat: number, now: number): number {
   return (Math.floor(tat / EXPIRY_GRID_US) + 1) * (EXPIRY_GRID_US / 1_000) - Math.floor(now / 1_000);
 }
 
-/** A key TAKE wrote for a TAT of `tat`: that TAT in hex, expiring at the end of its second (less a transaction's ms). */
+/** A key TAKE wrote for a TAT of `tat`: that TAT, expiring at the end of its second (less a transaction's ms). */
 function expectWritten(value: string | null, pttl: number, tat: number, now: number): void {
-  expect(value).toBe(`0x${tat.toString(16)}`);
+  expect(value).toBe(String(tat));
   expect(pttl).toBeLessThanOrEqual(expiresIn(tat, now));
   expect(pttl).toBeGreaterThanOrEqual(expiresIn(tat, now) - 5);
 }
@@ -309,18 +305,17 @@ describe('TokenBucket on Redis', () => {
             tatShare: fc.option(fc.oneof(fc.double({ min: -2, max: 1, noNaN: true }), fc.double({ min: 1, max: 1e3, noNaN: true })), {
               nil: undefined,
             }),
-            hex: fc.boolean(),
             commit: fc.boolean(),
           })
           .filter(burstFits),
-        async ({ capacity, rate, now, costShare, tatShare, hex, commit }) => {
+        async ({ capacity, rate, now, costShare, tatShare, commit }) => {
           const params = gcraParams(capacity, rate);
           const cost = Math.max(Number.MIN_VALUE, costShare * capacity);
           const burst = capacity * params.interval;
           let tat = tatShare === undefined ? undefined : Math.floor(now + tatShare * burst);
           // One transaction, so the key cannot expire (on the real clock) between the script and the reads.
           const tx = redis.multi();
-          presetBucket(tx, key, tat, now, hex);
+          presetBucket(tx, key, tat, now);
           tx.get(key);
           tx.pttl(key);
           tx.eval(source, 1, key, capacity, params.interval, commit ? '1' : '0', cost, Math.floor(now / 1e6), now % 1e6);
@@ -367,21 +362,20 @@ describe('TokenBucket on Redis', () => {
               minLength: 4,
               maxLength: 4,
             }),
-            hex: fc.array(fc.boolean(), { minLength: 4, maxLength: 4 }),
             takes: fc.array(fc.record({ bucket: fc.integer({ min: 0, max: 3 }), costShare: fc.double({ min: 0, max: 1, noNaN: true }) }), {
               minLength: 1,
               maxLength: 12,
             }),
           })
           .filter(burstFits),
-        async ({ capacity, rate, now, commit, tats, hex, takes }) => {
+        async ({ capacity, rate, now, commit, tats, takes }) => {
           const params = gcraParams(capacity, rate);
           const burst = capacity * params.interval;
           const keys = [0, 1, 2, 3].map((i) => `${prefix}{k${i}}`);
           const preset = tats.map((share) => (share === undefined ? undefined : now + Math.floor(share * burst)));
-          // A hex key whose second has passed is no key.
+          // A key whose second has passed is no key.
           preset.forEach((tat, i) => {
-            if (tat !== undefined && hex[i] && expiresIn(tat, now) <= 0) preset[i] = undefined;
+            if (tat !== undefined && expiresIn(tat, now) <= 0) preset[i] = undefined;
           });
           // What each bucket holds, relative to the clock, as TAKE would leave it after each take in turn.
           const ahead = preset.map((tat) => (tat === undefined ? undefined : tat - now));
@@ -396,7 +390,7 @@ describe('TokenBucket on Redis', () => {
             return { decision, stored: store === undefined ? 0 : now + store };
           });
           const tx = redis.multi();
-          preset.forEach((tat, i) => presetBucket(tx, keys[i]!, tat, now, hex[i]!));
+          preset.forEach((tat, i) => presetBucket(tx, keys[i]!, tat, now));
           const args = [capacity, params.interval, commit ? '1' : '0', ...costs, Math.floor(now / 1e6), now % 1e6];
           tx.eval(source, takes.length, ...takes.map((t) => keys[t.bucket]!), ...args);
           for (const k of keys) tx.get(k).pttl(k);

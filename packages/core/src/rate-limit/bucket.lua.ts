@@ -15,10 +15,9 @@ export const EXPIRY_GRID_US = 1_000_000;
 // Its arithmetic is relative to `now`, so the numbers stay small and exact. Returns how far the TAT lay ahead of now
 // and the TAT it stored (0: none), or false and an error message.
 //
-// The value is the TAT in µs, written in hex ("0x…"): a hex value was written under the expiry grid, so its key
-// expires no sooner than the end of the TAT's second, and a new TAT in that same second may keep that expiry. A
-// decimal value (written by an older hasp, whose keys expire at the TAT itself) gets a new expiry. Lua reads both
-// with tonumber, so an older hasp reads these values too.
+// The value is the TAT in µs, in decimal: Redis keeps such a value inside the key's object (an integer encoding),
+// with no allocation of its own. Every writer (TAKE, REFUND) keeps the expiry at or after the end of the TAT's second
+// on the grid, which is what lets a new TAT in the same second keep it.
 const TAKE_FUNCTION = `
 local grid = ${EXPIRY_GRID_US}
 local wrongType = 'WRONGTYPE Operation against a key holding the wrong kind of value'
@@ -51,10 +50,10 @@ local function take(key, v, cost)
     return ahead, 0
   end
   local stored = now + write
-  -- %x keeps all digits; Lua's default number format would round them away.
-  local value = string.format('0x%x', stored)
+  -- %d keeps all digits; Lua's default number format would round them away.
+  local value = string.format('%d', stored)
   local second = math.floor(stored / grid)
-  if v and string.byte(v, 2) == 120 and math.floor(tat / grid) == second then
+  if v and math.floor(tat / grid) == second then
     redis.call('SET', key, value, 'KEEPTTL')
   else
     local px = (second + 1) * (grid / 1000) - math.floor(now / 1000)
@@ -145,7 +144,7 @@ local key = KEYS[1]                 -- the bucket's TAT, µs
 local stored = tonumber(ARGV[1])    -- the TAT the lost take stored
 local spent = tonumber(ARGV[2])     -- µs it added
 
-if redis.call('GET', key) ~= string.format('0x%x', stored) then return 0 end
+if redis.call('GET', key) ~= string.format('%d', stored) then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tat = stored - spent
@@ -154,7 +153,7 @@ if tat <= now then
 else
   -- The expiry of the earlier TAT's second, as TAKE sets it (rare enough that keeping the later one buys nothing).
   local second = math.floor(tat / ${EXPIRY_GRID_US})
-  redis.call('SET', key, string.format('0x%x', tat), 'PX', (second + 1) * ${EXPIRY_GRID_US / 1000} - math.floor(now / 1000))
+  redis.call('SET', key, string.format('%d', tat), 'PX', (second + 1) * ${EXPIRY_GRID_US / 1000} - math.floor(now / 1000))
 end
 return 1
 `);
