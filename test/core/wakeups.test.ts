@@ -55,6 +55,45 @@ describe('Wakeups', () => {
   });
 });
 
+describe('Wakeups while the subscriber is not ready', () => {
+  it('waits for its connection with one listener, however many channels are asked for, and subscribes them all after', async () => {
+    const own = await startRedis();
+    const warnings: Error[] = [];
+    const onWarning = (warning: Error): void => void warnings.push(warning);
+    process.on('warning', onWarning);
+    const wakeups = new Wakeups(own.client(), 500);
+    try {
+      // A frozen server accepts the connection but never answers the handshake: the subscriber stays not ready.
+      own.pause();
+      const first = wakeups.listen('wake:0', () => undefined);
+      first.catch(() => undefined);
+      const sub = (wakeups as unknown as { subscriber: Redis }).subscriber;
+      // (The first subscription starts its wait a few ticks later.)
+      await new Promise((resolve) => setImmediate(resolve));
+      const before = sub.listenerCount('ready');
+      // Twice as many channels as Node's default listener limit, asked for twice: the first round times out.
+      for (let round = 0; round < 2; round++) {
+        const asked = Array.from({ length: 20 }, (_, i) => wakeups.listen(`wake:${round}:${i}`, () => undefined));
+        for (const a of asked) a.catch(() => undefined);
+        expect(sub.listenerCount('ready')).toBe(before);
+        if (round === 0) await Promise.allSettled(asked);
+      }
+      expect(sub.listenerCount('ready')).toBe(before);
+      own.resume();
+      const channels = Array.from({ length: 20 }, (_, i) => `wake:1:${i}`);
+      await until(async () => {
+        const reply = (await own.client().pubsub('NUMSUB', ...channels)) as (string | number)[];
+        return channels.every((_, i) => Number(reply[2 * i + 1]) === 1);
+      }, 5_000, 'the second round of channels to be subscribed');
+      expect(warnings.filter((w) => w.name === 'MaxListenersExceededWarning')).toEqual([]);
+    } finally {
+      own.resume();
+      process.off('warning', onWarning);
+      wakeups.close();
+    }
+  });
+});
+
 describe('RedisLock wake-ups', () => {
   it('subscribes every waiter of a fresh locker, including those that start while its subscriber connects', async () => {
     const prefix = uniquePrefix('subs');

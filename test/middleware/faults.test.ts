@@ -2,6 +2,7 @@
 // Koa 3: each onStoreError policy, 503 LOCK_UNAVAILABLE without running the handler, every request answered within a
 // bound (ioredis's offline queue and retry budget must not hold requests), and recovery without a restart.
 import { TokenBucket } from '@hasp/core';
+import { RateLimiter } from '@hasp/core/http';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
@@ -175,5 +176,39 @@ describe.each(FRAMEWORKS)('Redis failures on %s', (name) => {
     await until(async () => (await bounded('/closed')).status !== 503, 5_000, 'the limiter to use Redis again', 100);
     await until(async () => (await bounded('/lock')).status === 200, 5_000, 'withLock to lock again', 100);
     expect(runs).toBe(2);
+  });
+});
+
+describe('rate limiters sharing one client while its Redis is down', () => {
+  it('wait for the client to be ready again with one listener, however many there are, then all go back to Redis', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await ready(client);
+    const warnings: Error[] = [];
+    const onWarning = (warning: Error): void => void warnings.push(warning);
+    process.on('warning', onWarning);
+    try {
+      // More limiters than Node's default listener limit, as an app with a limit per route has.
+      const limiters = Array.from(
+        { length: 12 },
+        (_, i) => new RateLimiter({ capacity: 2, rate: '1/h', redis: client, policy: `route-${i}`, key: 'k', onStoreError: 'open' }, () => 'k'),
+      );
+      const before = client.listenerCount('ready');
+      await own.kill();
+      await notReady(client);
+      // 'open': not limited while Redis is down.
+      expect(await Promise.all(limiters.map((l) => l.check({})))).toEqual(limiters.map(() => undefined));
+      expect(client.listenerCount('ready')).toBe(before + 1);
+      await own.restart();
+      await ready(client);
+      // Back on Redis at once (no probe needed): every limiter takes from its bucket there.
+      const decisions = await Promise.all(limiters.map((l) => l.check({})));
+      expect(decisions.map((d) => d?.remaining)).toEqual(limiters.map(() => 1));
+      expect(await client.dbsize()).toBe(limiters.length);
+      expect(client.listenerCount('ready')).toBe(before);
+      expect(warnings.filter((w) => w.name === 'MaxListenersExceededWarning')).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+    }
   });
 });

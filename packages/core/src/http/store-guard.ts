@@ -51,11 +51,11 @@ export class StoreGuard {
       this.down = true;
       this.nextProbe = Date.now() + PROBE_INTERVAL_MS;
     }
-    const redis = this.bucket.redis as { once?: (event: string, fn: () => void) => unknown } | undefined;
+    const redis = this.bucket.redis as ReadyEmitter | undefined;
     if (!this.listening && typeof redis?.once === 'function') {
       // A reconnected client emits 'ready': that is the earliest moment Redis answers again.
       this.listening = true;
-      redis.once('ready', this.onReady);
+      onNextReady(redis, this.onReady);
     }
   }
 
@@ -83,6 +83,29 @@ export class StoreGuard {
       },
     );
   }
+}
+
+interface ReadyEmitter {
+  once(event: 'ready', listener: () => void): unknown;
+}
+
+// What runs at each client's next 'ready': the circuits of every bucket on that client that failed meanwhile, called
+// from one listener per client. A listener per circuit would trip Node's MaxListenersExceededWarning in an app with
+// more than ten limiters on one client.
+const readyCallbacks = new WeakMap<ReadyEmitter, Set<() => void>>();
+
+function onNextReady(client: ReadyEmitter, callback: () => void): void {
+  let callbacks = readyCallbacks.get(client);
+  if (callbacks === undefined) {
+    const waiting = new Set<() => void>();
+    callbacks = waiting;
+    readyCallbacks.set(client, waiting);
+    client.once('ready', () => {
+      readyCallbacks.delete(client);
+      for (const call of waiting) call();
+    });
+  }
+  callbacks.add(callback);
 }
 
 const guards = new WeakMap<BucketLike, StoreGuard>();

@@ -182,8 +182,23 @@ export class Wakeups {
   }
 }
 
+// The wait for each subscriber connection's next 'ready', shared by every channel asked for meanwhile: one listener
+// per connection, not one per channel, which would pile up (and trip Node's MaxListenersExceededWarning) while a
+// connection that is down keeps timing subscriptions out.
+const readyWaits = new WeakMap<RedisClient, Promise<void>>();
+
 /** Resolves once `client` is ready for commands; never rejects (the caller's bound decides how long to wait). */
 function whenReady(client: RedisClient): Promise<void> {
   if (client.status === 'ready') return Promise.resolve();
-  return new Promise((resolve) => client.once('ready', () => resolve()));
+  let wait = readyWaits.get(client);
+  if (wait === undefined) {
+    wait = new Promise((resolve) =>
+      client.once('ready', () => {
+        readyWaits.delete(client);
+        resolve();
+      }),
+    );
+    readyWaits.set(client, wait);
+  }
+  return wait;
 }
