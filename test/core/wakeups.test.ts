@@ -94,6 +94,38 @@ describe('Wakeups while the subscriber is not ready', () => {
   });
 });
 
+describe('Wakeups of many lockers on one client', () => {
+  it("share one 'end' listener on the client, kept until the last locker closes; the client's end still closes each", async () => {
+    const client = node.client();
+    await client.ping();
+    const warnings: Error[] = [];
+    const onWarning = (warning: Error): void => void warnings.push(warning);
+    process.on('warning', onWarning);
+    try {
+      const before = client.listenerCount('end');
+      // More lockers than Node's default listener limit, as an app with a locker per module might make.
+      const lockers = Array.from({ length: 15 }, () => new RedisLock(client, { prefix: uniquePrefix('many') }));
+      expect(client.listenerCount('end')).toBe(before + 1);
+      for (const locker of lockers.slice(1)) locker.close();
+      expect(client.listenerCount('end')).toBe(before + 1);
+      lockers[0]!.close();
+      expect(client.listenerCount('end')).toBe(before);
+      // The client's end wakes and closes every one of them.
+      const wakeups = Array.from({ length: 12 }, () => new Wakeups(client, 2_000));
+      const heard: string[] = [];
+      await Promise.all(wakeups.map((w, i) => w.listen(`ending:${i}`, (message) => heard.push(message))));
+      client.disconnect();
+      await until(() => heard.length === 12, 2_000, 'every listener to be woken by the end');
+      expect(heard.every((message) => message === '')).toBe(true);
+      await expect(wakeups[0]!.listen('after', () => undefined)).rejects.toThrow(/closed/);
+      expect(client.listenerCount('end')).toBe(before);
+      expect(warnings.filter((w) => w.name === 'MaxListenersExceededWarning')).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+    }
+  });
+});
+
 describe('RedisLock wake-ups', () => {
   it('subscribes every waiter of a fresh locker, including those that start while its subscriber connects', async () => {
     const prefix = uniquePrefix('subs');

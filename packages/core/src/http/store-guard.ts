@@ -2,6 +2,7 @@
 // just failed, hands them to the onStoreError policy (with a per-process fallback bucket for 'memory'), and goes back
 // to Redis as soon as it answers: at once on the client's 'ready' event, or when a background probe succeeds.
 import { TokenBucket } from '../rate-limit/token-bucket.js';
+import { onNext, type EventSource } from '../redis/events.js';
 import type { Decision, RedisClient } from '../types.js';
 
 /** What the middleware needs of a bucket; a {@link TokenBucket} from either module format fits. */
@@ -51,11 +52,12 @@ export class StoreGuard {
       this.down = true;
       this.nextProbe = Date.now() + PROBE_INTERVAL_MS;
     }
-    const redis = this.bucket.redis as ReadyEmitter | undefined;
+    const redis = this.bucket.redis as EventSource | undefined;
     if (!this.listening && typeof redis?.once === 'function') {
-      // A reconnected client emits 'ready': that is the earliest moment Redis answers again.
+      // A reconnected client emits 'ready': that is the earliest moment Redis answers again. (One listener per client,
+      // shared by the circuits of every bucket on it.)
       this.listening = true;
-      onNextReady(redis, this.onReady);
+      onNext(redis, 'ready', this.onReady);
     }
   }
 
@@ -83,29 +85,6 @@ export class StoreGuard {
       },
     );
   }
-}
-
-interface ReadyEmitter {
-  once(event: 'ready', listener: () => void): unknown;
-}
-
-// What runs at each client's next 'ready': the circuits of every bucket on that client that failed meanwhile, called
-// from one listener per client. A listener per circuit would trip Node's MaxListenersExceededWarning in an app with
-// more than ten limiters on one client.
-const readyCallbacks = new WeakMap<ReadyEmitter, Set<() => void>>();
-
-function onNextReady(client: ReadyEmitter, callback: () => void): void {
-  let callbacks = readyCallbacks.get(client);
-  if (callbacks === undefined) {
-    const waiting = new Set<() => void>();
-    callbacks = waiting;
-    readyCallbacks.set(client, waiting);
-    client.once('ready', () => {
-      readyCallbacks.delete(client);
-      for (const call of waiting) call();
-    });
-  }
-  callbacks.add(callback);
 }
 
 const guards = new WeakMap<BucketLike, StoreGuard>();

@@ -1,10 +1,11 @@
-// One shared subscriber connection per Redis client, so waiters hear a release at once instead of polling.
+// A subscriber connection per locker and Redis client, so waiters hear a release at once instead of polling.
 // Channels stay subscribed for a short linger after their last waiter leaves, so a hot key's waiters do not pay a
 // SUBSCRIBE round trip each time; the connection is opened on first use, closed after an idle spell, and closed for
 // good when the user's client ends, so it never keeps a process alive on its own.
 import type { Redis } from 'ioredis';
 import type { RedisClient } from '../types.js';
 import { bounded } from './call.js';
+import { onNext } from './events.js';
 
 type Listener = (message: string) => void;
 
@@ -24,7 +25,8 @@ export class Wakeups {
   private readonly channels = new Map<string, Channel>();
   private idleTimer: NodeJS.Timeout | undefined;
   private closed = false;
-  private readonly onClientEnd = () => this.close();
+  // Stops waiting for the client's 'end' (shared with the other Wakeups on the client; see onNext).
+  private readonly stopWaitingForEnd: () => void;
   /**
    * The client's ioredis `keyPrefix`. ioredis prepends it to the keys of our scripts, so a release publishes on the
    * prefixed name, but not to SUBSCRIBE's channels: we add it ourselves.
@@ -35,7 +37,7 @@ export class Wakeups {
     private readonly client: RedisClient,
     private readonly timeout: number,
   ) {
-    client.once('end', this.onClientEnd);
+    this.stopWaitingForEnd = onNext(client, 'end', () => this.close());
     const keyPrefix = (client as { options?: { keyPrefix?: unknown } }).options?.keyPrefix;
     this.prefix = typeof keyPrefix === 'string' ? keyPrefix : '';
   }
@@ -85,7 +87,7 @@ export class Wakeups {
   close(): void {
     if (this.closed) return;
     this.closed = true;
-    this.client.off('end', this.onClientEnd);
+    this.stopWaitingForEnd();
     if (this.idleTimer) clearTimeout(this.idleTimer);
     this.idleTimer = undefined;
     const listeners = [...this.channels.values()].flatMap((ch) => {
