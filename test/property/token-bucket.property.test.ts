@@ -185,9 +185,12 @@ function presetBucket(tx: ChainableCommander, key: string, tat: number | undefin
   else tx.set(key, String(tat), 'PX', expiresIn(tat, now));
 }
 
-/** Ms from server time `now` (µs) to the end of the grid second in which a TAT of `tat` lies: when its key expires. */
+/**
+ * The expiry (ms from server time `now`, µs) TAKE gives a key holding `tat`: to the end of the grid second in which
+ * `tat` lies, and a ms more (see TAKE).
+ */
 function expiresIn(tat: number, now: number): number {
-  return (Math.floor(tat / EXPIRY_GRID_US) + 1) * (EXPIRY_GRID_US / 1_000) - Math.floor(now / 1_000);
+  return (Math.floor(tat / EXPIRY_GRID_US) + 1) * (EXPIRY_GRID_US / 1_000) - Math.floor(now / 1_000) + 1;
 }
 
 /** A key TAKE wrote for a TAT of `tat`: that TAT, expiring at the end of its second (less a transaction's ms). */

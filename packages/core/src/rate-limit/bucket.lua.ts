@@ -56,7 +56,9 @@ local function take(key, v, cost)
   if v and math.floor(tat / grid) == second then
     redis.call('SET', key, value, 'KEEPTTL')
   else
-    local px = (second + 1) * (grid / 1000) - math.floor(now / 1000)
+    -- PX counts from the time Redis takes for the command, which can be a ms behind the clock this script read (Redis
+    -- 7.2+ freezes it for a script at its start): one ms more keeps the expiry at or after the end of the second.
+    local px = (second + 1) * (grid / 1000) - math.floor(now / 1000) + 1
     if not v then
       if not redis.call('SET', key, value, 'PX', px, 'NX') then return false, wrongType end
     else
@@ -151,9 +153,9 @@ local tat = stored - spent
 if tat <= now then
   redis.call('DEL', key)
 else
-  -- The expiry of the earlier TAT's second, as TAKE sets it (rare enough that keeping the later one buys nothing).
+  -- The expiry of the earlier TAT's second, set as TAKE sets it (rare enough that keeping the later one buys nothing).
   local second = math.floor(tat / ${EXPIRY_GRID_US})
-  redis.call('SET', key, string.format('%d', tat), 'PX', (second + 1) * ${EXPIRY_GRID_US / 1000} - math.floor(now / 1000))
+  redis.call('SET', key, string.format('%d', tat), 'PX', (second + 1) * ${EXPIRY_GRID_US / 1000} - math.floor(now / 1000) + 1)
 end
 return 1
 `);
