@@ -126,6 +126,54 @@ describe('Wakeups of many lockers on one client', () => {
   });
 });
 
+describe('Wake-ups shared by the lockers of one client', () => {
+  it('use one subscriber connection; closing one locker leaves the others woken at once, the last closes it', async () => {
+    const own = await startRedis();
+    const admin2 = own.client();
+    const pubsubClients = async (): Promise<number> =>
+      String(await admin2.call('CLIENT', 'LIST', 'TYPE', 'pubsub'))
+        .split('\n')
+        .filter((line) => line.trim() !== '').length;
+    const client = own.client();
+    const holderClient = own.client();
+    await Promise.all([client.ping(), holderClient.ping()]);
+    const holder = new RedisLock(holderClient, { prefix: 'one:' });
+    const holder2 = new RedisLock(holderClient, { prefix: 'two:' });
+    // Two lockers on one client, as an app with a locker per module has (withLock shares one per client already).
+    const first = new RedisLock(client, { prefix: 'one:' });
+    const second = new RedisLock(client, { prefix: 'two:' });
+    try {
+      const leases = [await holder.acquire('a'), await holder.acquire('b'), await holder2.acquire('a')];
+      const waiting = [first.acquire('a', { wait: 10_000 }), first.acquire('b', { wait: 10_000 }), second.acquire('a', { wait: 10_000 })];
+      for (const w of waiting) w.catch(() => undefined);
+      const channels = [lockNames('one:', 'a').channel, lockNames('one:', 'b').channel, lockNames('two:', 'a').channel];
+      const listening = async (): Promise<boolean> => {
+        const reply = (await admin2.pubsub('NUMSUB', ...channels)) as (string | number)[];
+        return channels.every((_, i) => Number(reply[2 * i + 1]) === 1);
+      };
+      await until(listening, 3_000, 'the three waiters to listen');
+      expect(await pubsubClients()).toBe(1);
+      // The first locker closes: the second one's waiter is still woken by the release, well before its 1 s poll.
+      first.close();
+      const releasedAt = performance.now();
+      await leases[2]!.release();
+      const got = await within(waiting[2]!, 2_000, "the second locker's waiter");
+      expect(performance.now() - releasedAt).toBeLessThan(500);
+      await got.release();
+      expect(await pubsubClients()).toBe(1);
+      // The last locker closes its share: the connection goes.
+      second.close();
+      await until(async () => (await pubsubClients()) === 0, 3_000, 'the subscriber connection to close');
+      await leases[0]!.release();
+      await leases[1]!.release();
+      // The first locker's waiters, without wake-ups, still get their locks by polling.
+      for (const lease of await within(Promise.all(waiting.slice(0, 2)), 5_000, "the closed locker's waiters")) await lease.release();
+    } finally {
+      for (const l of [first, second, holder, holder2]) l.close();
+    }
+  });
+});
+
 describe('RedisLock wake-ups', () => {
   it('subscribes every waiter of a fresh locker, including those that start while its subscriber connects', async () => {
     const prefix = uniquePrefix('subs');

@@ -8,8 +8,9 @@ import { lockContract, type LockerFixture, type MakeLocker } from '../core/lock-
 import { freshPrefix } from './support.js';
 
 /** The parts of Redlock's store the fixture reads to see a waiter with its wake-up armed. */
-interface WakeupsInternals {
-  channels: Map<string, { listeners: Set<unknown>; ready: Promise<unknown> | undefined }>;
+/** A locker's share of its client's wake-ups (every locker here has connections of its own, so a share of its own). */
+interface WakeupShareInternals {
+  wakeups: { channels: Map<string, { listeners: Set<unknown>; ready: Promise<unknown> | undefined }> };
 }
 
 let nodes: RedisNode[];
@@ -46,10 +47,10 @@ const redlockFixture: MakeLocker = async (options?: LockerOptions): Promise<Lock
       const channel = lockNames(prefix, key).channel;
       let n = 0;
       for (const l of lockers) {
-        const wakeups = (l as unknown as { store: { wakeups: WakeupsInternals[] } }).store.wakeups;
+        const shares = (l as unknown as { store: { wakeups: WakeupShareInternals[] } }).store.wakeups;
         const armed = await Promise.all(
-          wakeups.map(async (w) => {
-            const ch = w.channels.get(channel);
+          shares.map(async (w) => {
+            const ch = w.wakeups.channels.get(channel);
             if (!ch || ch.listeners.size === 0 || !ch.ready) return false;
             return ch.ready.then(
               () => true,

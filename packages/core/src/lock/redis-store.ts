@@ -2,7 +2,7 @@
 import { LockUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
-import { Wakeups } from '../redis/wakeups.js';
+import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { ACQUIRE, EXTEND, LEAVE, RELEASE } from './scripts.lua.js';
 import type { AttemptResult, Grant, LockStore } from './store.js';
@@ -56,7 +56,7 @@ interface LocalWaiter {
 }
 
 export class RedisLockStore implements LockStore {
-  private readonly wakeups: Wakeups;
+  private readonly wakeups: WakeupShare;
   // Waiters of this process by key, in the order they registered; a release offers the lock to the first.
   private readonly local = new Map<string, LocalWaiter[]>();
   // Tokens whose waiter gave up while a release naming it may still be on its way.
@@ -68,7 +68,7 @@ export class RedisLockStore implements LockStore {
     private readonly timeout: number,
     private readonly driftFactor: number,
   ) {
-    this.wakeups = new Wakeups(client, timeout);
+    this.wakeups = WakeupShare.of(client, timeout);
   }
 
   attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {

@@ -9,7 +9,7 @@
 // reads a stored fence >= F: its own fence is larger. The floor (client clock, µs) only matters once a fence key expired.
 import { LockUnavailableError } from '../errors.js';
 import { bounded, boundedAll, type Outcome } from '../redis/call.js';
-import { Wakeups } from '../redis/wakeups.js';
+import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
@@ -36,7 +36,7 @@ export interface RedlockSettings {
 }
 
 export class RedlockStore implements LockStore {
-  private readonly wakeups: Wakeups[];
+  private readonly wakeups: WakeupShare[];
   /**
    * Leases this store handed out with a fresh lock, until released or past their first validity: a late grant of one
    * of them is kept only while it is live. (A late grant can land after the lease's release on that node: ioredis
@@ -48,7 +48,7 @@ export class RedlockStore implements LockStore {
     private readonly clients: readonly RedisClient[],
     private readonly s: RedlockSettings,
   ) {
-    this.wakeups = clients.map((c) => new Wakeups(c, s.timeout));
+    this.wakeups = clients.map((c) => WakeupShare.of(c, s.timeout));
   }
 
   // Redlock keeps no waiting line: per-node lines could order waiters differently and split every vote. The caller's

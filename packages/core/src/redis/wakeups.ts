@@ -1,4 +1,5 @@
-// A subscriber connection per locker and Redis client, so waiters hear a release at once instead of polling.
+// One subscriber connection per Redis client, shared by every locker on it, so waiters hear a release at once instead
+// of polling.
 // Channels stay subscribed for a short linger after their last waiter leaves, so a hot key's waiters do not pay a
 // SUBSCRIBE round trip each time; the connection is opened on first use, closed after an idle spell, and closed for
 // good when the user's client ends, so it never keeps a process alive on its own.
@@ -47,7 +48,7 @@ export class Wakeups {
    * release published after that cannot be missed. Rejects when the subscription cannot be made in time; callers then
    * fall back to polling.
    */
-  async listen(name: string, listener: Listener): Promise<() => void> {
+  async listen(name: string, listener: Listener, timeout = this.timeout): Promise<() => void> {
     if (this.closed) throw new Error('wake-ups closed');
     const channel = this.prefix + name;
     const sub = this.connection();
@@ -65,7 +66,7 @@ export class Wakeups {
     const state = ch;
     // SUBSCRIBE only once the connection is ready: sent during ioredis's handshake, it puts the connection into
     // subscriber mode before the ready check's INFO, which then throws from inside ioredis's event handler.
-    state.ready ??= bounded(sub, this.timeout, async () => {
+    state.ready ??= bounded(sub, timeout, async () => {
       await whenReady(sub);
       return sub.subscribe(channel);
     });
@@ -78,6 +79,11 @@ export class Wakeups {
       throw error;
     }
     return stop;
+  }
+
+  /** Whether {@link Wakeups.close} ran (by a call, or at the client's end). */
+  get isClosed(): boolean {
+    return this.closed;
   }
 
   /**
@@ -181,6 +187,76 @@ export class Wakeups {
       }
     }, IDLE_CLOSE_MS);
     this.idleTimer.unref();
+  }
+}
+
+// The Wakeups of each client, and how many lockers use it.
+const shared = new WeakMap<RedisClient, { wakeups: Wakeups; users: number }>();
+
+/**
+ * A locker's share of its client's {@link Wakeups}: the client's one subscriber connection serves every locker on it.
+ * Closing the share wakes and drops only this locker's listeners; the last share to close closes the Wakeups.
+ */
+export class WakeupShare {
+  private readonly active = new Set<{ listener: Listener; stop: (() => void) | undefined }>();
+  private closed = false;
+
+  private constructor(
+    private readonly client: RedisClient,
+    private readonly wakeups: Wakeups,
+    private readonly timeout: number,
+  ) {}
+
+  /**
+   * A share of `client`'s Wakeups, made on first use (and again after the client ended); this share's subscriptions
+   * give up after `timeout` ms.
+   */
+  static of(client: RedisClient, timeout: number): WakeupShare {
+    let entry = shared.get(client);
+    if (entry === undefined || entry.wakeups.isClosed) {
+      entry = { wakeups: new Wakeups(client, timeout), users: 0 };
+      shared.set(client, entry);
+    }
+    entry.users++;
+    return new WakeupShare(client, entry.wakeups, timeout);
+  }
+
+  /** See {@link Wakeups.listen}. */
+  async listen(name: string, listener: Listener): Promise<() => void> {
+    if (this.closed) throw new Error('wake-ups closed');
+    const entry: { listener: Listener; stop: (() => void) | undefined } = { listener, stop: undefined };
+    this.active.add(entry);
+    let stop: () => void;
+    try {
+      stop = await this.wakeups.listen(name, listener, this.timeout);
+    } catch (error) {
+      this.active.delete(entry);
+      throw error;
+    }
+    if (this.closed) {
+      // Closed while the subscription was on its way (close() woke the listener already).
+      stop();
+      throw new Error('wake-ups closed');
+    }
+    entry.stop = stop;
+    return () => {
+      if (this.active.delete(entry)) stop();
+    };
+  }
+
+  /** Stops and wakes this share's listeners ('' = anyone may try); the last share of the client closes its Wakeups. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    const entries = [...this.active];
+    this.active.clear();
+    for (const e of entries) e.stop?.();
+    const entry = shared.get(this.client);
+    if (entry?.wakeups === this.wakeups && --entry.users === 0) {
+      shared.delete(this.client);
+      this.wakeups.close();
+    }
+    for (const e of entries) e.listener('');
   }
 }
 
