@@ -56,8 +56,8 @@ local function take(key, v, cost)
   if v and math.floor(tat / grid) == second then
     redis.call('SET', key, value, 'KEEPTTL')
   else
-    -- PX counts from the time Redis takes for the command, which can be a ms behind the clock this script read (Redis
-    -- 7.2+ freezes it for a script at its start): one ms more keeps the expiry at or after the end of the second.
+    -- PX counts from a time Redis takes for the command, in whole ms, which depending on the version may be cached
+    -- from before this script read the clock: one ms more keeps the expiry at or after the end of the second.
     local px = (second + 1) * (grid / 1000) - math.floor(now / 1000) + 1
     if not v then
       if not redis.call('SET', key, value, 'PX', px, 'NX') then return false, wrongType end
