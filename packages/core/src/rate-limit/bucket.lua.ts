@@ -10,6 +10,18 @@ import { Script } from '../redis/script.js';
  */
 export const EXPIRY_GRID_US = 1_000_000;
 
+// The expiry every writer of a bucket key (TAKE, REFUND) gives it, as a Lua function of the grid second its TAT lies in
+// (the TAT in µs over `grid`). `now` (server µs) is set before it.
+const EXPIRY_FUNCTION = `
+local grid = ${EXPIRY_GRID_US}
+-- Ms from now to the end of that second, plus one: PX counts from a time Redis takes for the command, in whole ms,
+-- which depending on the version may be cached from before this script read the clock; one ms more keeps the expiry
+-- at or after the end of the second.
+local function expiryAfter(second)
+  return (second + 1) * (grid / 1000) - math.floor(now / 1000) + 1
+end
+`;
+
 // One take, as a Lua function of the bucket's key, its value as read before (false: no key) and the cost, run by TAKE
 // for one call and by its batch form for many. `now`, `burst`, `interval`, `commit` and `written` are set before it.
 // Its arithmetic is relative to `now`, so the numbers stay small and exact. Returns how far the TAT lay ahead of now
@@ -18,8 +30,7 @@ export const EXPIRY_GRID_US = 1_000_000;
 // The value is the TAT in µs, in decimal: Redis keeps such a value inside the key's object (an integer encoding),
 // with no allocation of its own. Every writer (TAKE, REFUND) keeps the expiry at or after the end of the TAT's second
 // on the grid, which is what lets a new TAT in the same second keep it.
-const TAKE_FUNCTION = `
-local grid = ${EXPIRY_GRID_US}
+const TAKE_FUNCTION = `${EXPIRY_FUNCTION}
 local wrongType = 'WRONGTYPE Operation against a key holding the wrong kind of value'
 local function take(key, v, cost)
   local tat = 0
@@ -56,9 +67,7 @@ local function take(key, v, cost)
   if v and math.floor(tat / grid) == second then
     redis.call('SET', key, value, 'KEEPTTL')
   else
-    -- PX counts from a time Redis takes for the command, in whole ms, which depending on the version may be cached
-    -- from before this script read the clock: one ms more keeps the expiry at or after the end of the second.
-    local px = (second + 1) * (grid / 1000) - math.floor(now / 1000) + 1
+    local px = expiryAfter(second)
     if not v then
       if not redis.call('SET', key, value, 'PX', px, 'NX') then return false, wrongType end
     else
@@ -149,13 +158,13 @@ local spent = tonumber(ARGV[2])     -- µs it added
 if redis.call('GET', key) ~= string.format('%d', stored) then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+${EXPIRY_FUNCTION}
 local tat = stored - spent
 if tat <= now then
   redis.call('DEL', key)
 else
   -- The expiry of the earlier TAT's second, set as TAKE sets it (rare enough that keeping the later one buys nothing).
-  local second = math.floor(tat / ${EXPIRY_GRID_US})
-  redis.call('SET', key, string.format('%d', tat), 'PX', (second + 1) * ${EXPIRY_GRID_US / 1000} - math.floor(now / 1000) + 1)
+  redis.call('SET', key, string.format('%d', tat), 'PX', expiryAfter(math.floor(tat / grid)))
 end
 return 1
 `);
