@@ -78,24 +78,14 @@ ${CONSTANTS}local now = nil
 -- Nobody in line: the lock is ours if the key is free, in one command. (The common case, so it comes before any helper
 -- is defined.) %d keeps all digits, which Lua's default number format would round away.
 if queue == '' or redis.call('EXISTS', queueKey) == 0 then
-  if floor == '' then
-    -- RedisLock: one more than the last fence, taken before the lock (a refused attempt leaves a gap, which is
-    -- harmless). INCR keeps the key's expiry, so a fence key lives ttl + retention from the lease that created it; a
-    -- missing one starts over at the server clock in µs, past every fence handed out before (fewer than one per µs).
-    local n = redis.call('INCR', fenceKey)
-    local f
-    if n == 1 then
-      local t = redis.call('TIME')
-      now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      f = string.format('%d', now)
-      redis.call('SET', fenceKey, f, 'PX', ttl + retention)
-    else
-      f = string.format('%d', n)
-    end
-    if redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then return {1, token, f, ttl} end
-  -- Redlock: the floor, unless this node's stored fence is not below it.
-  elseif redis.call('SET', lockKey, token .. ' ' .. floor .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then
-    local f = floor
+  -- RedisLock proposes the server clock in µs; Redlock sends the floor the client chose for all its nodes.
+  local f = floor
+  if f == '' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    f = string.format('%d', now)
+  end
+  if redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then
     local last = tonumber(redis.call('SET', fenceKey, f, 'PX', ttl + retention, 'GET') or '0')
     if tonumber(f) > last then return {1, token, f, ttl} end
     -- The stored fence is not below ours (a clock step back, or a Redlock floor behind this node): the next one.
