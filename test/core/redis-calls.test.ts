@@ -4,7 +4,7 @@ import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LockBusyError, LockUnavailableError, RedisLock, Redlock, TokenBucket, type Lease } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
-import { FENCE_RETENTION_MS } from '../../packages/core/src/lock/scripts.lua.js';
+import { FENCE_RENEW_US, FENCE_RETENTION_MS } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
 
@@ -566,10 +566,10 @@ describe('Redis calls', () => {
     const after = await micros();
     expect(first.fence).toBeGreaterThanOrEqual(before);
     expect(first.fence).toBeLessThanOrEqual(after);
-    // The fence key lives ttl + retention (FENCE_RETENTION_MS) from the latest lease.
+    // The fence key lives at least ttl + retention (FENCE_RETENTION_MS) from the latest lease.
     const created = await admin.pttl(fenceKey);
-    expect(created).toBeGreaterThan(FENCE_RETENTION_MS);
-    expect(created).toBeLessThanOrEqual(FENCE_RETENTION_MS + ttl);
+    expect(created).toBeGreaterThan(FENCE_RETENTION_MS + ttl);
+    expect(created).toBeLessThanOrEqual(FENCE_RETENTION_MS + ttl + FENCE_RENEW_US / 1_000);
     // A refused attempt leaves the fence key alone.
     const other = new RedisLock(admin, { prefix });
     await expect(other.acquire('k')).rejects.toBeInstanceOf(LockBusyError);
@@ -588,13 +588,45 @@ describe('Redis calls', () => {
       const last = held.fence;
       await held.release();
       if (stale === null) await admin.del(fenceKey);
-      else await admin.set(fenceKey, stale, 'PX', 60_000);
+      else await admin.set(fenceKey, stale, 'PX', FENCE_RETENTION_MS + ttl);
       const next = await locks.acquire('k');
       expect(next.fence).toBeGreaterThan(last);
       expect(await admin.get(fenceKey)).toBe(String(next.fence));
       expect(await admin.pttl(fenceKey)).toBeGreaterThan(FENCE_RETENTION_MS);
       await next.release();
     }
+    locks.close();
+  });
+
+  it('renews a fence key’s expiry when the fence enters a new minute, and keeps it within the minute', async () => {
+    const prefix = uniquePrefix('renew');
+    const ttl = 5_000;
+    const locks = new RedisLock(admin, { prefix, ttl });
+    const fenceKey = lockNames(prefix, 'k').fence;
+    const micros = async () => {
+      const [s, us] = await admin.time();
+      return Number(s) * 1_000_000 + Number(us);
+    };
+    // Not in a minute's last second, so the lease below lands in the same minute as the fence stored first.
+    const late = async () => (await micros()) % FENCE_RENEW_US > FENCE_RENEW_US - 1_000_000;
+    if (await late()) await until(async () => !(await late()), 2_000, 'the next minute');
+    const stored = (await micros()) - 1;
+    const minute = stored - (stored % FENCE_RENEW_US);
+    // A fence earlier in the same minute: the lease keeps the expiry it finds.
+    await admin.set(fenceKey, String(stored), 'PX', 600_000);
+    const same = await locks.acquire('k');
+    expect(same.fence).toBeGreaterThan(stored);
+    expect(same.fence).toBeLessThan(minute + FENCE_RENEW_US);
+    const kept = await admin.pttl(fenceKey);
+    expect(kept).toBeLessThanOrEqual(600_000);
+    expect(kept).toBeGreaterThan(500_000);
+    await same.release();
+    // A fence from the minute before: renewed.
+    await admin.set(fenceKey, String(minute - 1), 'PX', 600_000);
+    const next = await locks.acquire('k');
+    expect(next.fence).toBeGreaterThan(minute);
+    expect(await admin.pttl(fenceKey)).toBeGreaterThan(FENCE_RETENTION_MS + ttl);
+    await next.release();
     locks.close();
   });
 

@@ -9,6 +9,9 @@ import { Script } from '../redis/script.js';
 /** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
 export const FENCE_RETENTION_MS = 3_600_000;
 
+/** The acquire script renews a fence key's expiry once per this many µs of fences (see ACQUIRE). */
+export const FENCE_RENEW_US = 60_000_000;
+
 /**
  * Ms a queued waiter stays in line without re-attempting. Waiters re-attempt at least every second (the polling
  * fallback), so only a waiter that crashed or went away drops out, after at most this long.
@@ -19,6 +22,7 @@ export const QUEUE_HEARTBEAT_MS = 3_000;
 // little on every call. A lock's wake-up channel is its name plus ':w' (lockNames), so it is not sent either.
 const CONSTANTS = `
 local retention = ${FENCE_RETENTION_MS}  -- ms the fence key outlives the lease
+local renewUs = ${FENCE_RENEW_US}  -- µs: a fence in a new one of these renews the fence key's expiry
 local heartbeat = ${QUEUE_HEARTBEAT_MS}  -- ms a queued waiter stays queued without re-attempting
 `;
 
@@ -78,19 +82,28 @@ ${CONSTANTS}local now = nil
 -- Nobody in line: the lock is ours if the key is free, in one command. (The common case, so it comes before any helper
 -- is defined.) %d keeps all digits, which Lua's default number format would round away.
 if queue == '' or redis.call('EXISTS', queueKey) == 0 then
-  -- RedisLock proposes the server clock in µs; Redlock sends the floor the client chose for all its nodes.
+  -- RedisLock proposes the server clock in µs (concatenated: string.format costs more than the TIME call); Redlock
+  -- sends the floor the client chose for all its nodes.
   local f = floor
   if f == '' then
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    f = string.format('%d', now)
+    f = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
   end
   if redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then
-    local last = tonumber(redis.call('SET', fenceKey, f, 'PX', ttl + retention, 'GET') or '0')
-    if tonumber(f) > last then return {1, token, f, ttl} end
+    -- KEEPTTL costs half of PX, so the fence key's expiry is renewed only when the fence enters a new minute: it lives
+    -- at least retention + ttl after the last lease.
+    local last = redis.call('SET', fenceKey, f, 'KEEPTTL', 'GET')
+    local n = tonumber(f)
+    last = tonumber(last or '0')
+    if n > last then
+      if math.floor(n / renewUs) ~= math.floor(last / renewUs) then
+        redis.call('PEXPIRE', fenceKey, ttl + retention + renewUs / 1000)
+      end
+      return {1, token, f, ttl}
+    end
     -- The stored fence is not below ours (a clock step back, or a Redlock floor behind this node): the next one.
     f = string.format('%d', last + 1)
-    redis.call('SET', fenceKey, f, 'PX', ttl + retention)
+    redis.call('SET', fenceKey, f, 'PX', ttl + retention + renewUs / 1000)
     redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'XX', 'KEEPTTL')
     return {1, token, f, ttl}
   end
