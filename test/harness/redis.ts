@@ -482,17 +482,33 @@ async function run(file: string, args: string[]): Promise<string> {
   return proc.output();
 }
 
-/** Resolves once every node reports `cluster_state:ok` and knows all the others. */
-async function waitForClusterOk(nodes: RedisNode[]): Promise<void> {
+/**
+ * Resolves once every node reports `cluster_state:ok`, knows all the others, and (with replicas) sees `masters`
+ * masters and every replica's link to its master is up. `cluster_state:ok` comes before the replicas are set up, and a
+ * failover test that kills a master then would find no replica to take over.
+ */
+async function waitForClusterOk(nodes: RedisNode[], masters: number): Promise<void> {
   const deadline = Date.now() + READY_TIMEOUT_MS;
+  const replicated = nodes.length > masters;
   let last: string[] = [];
   for (;;) {
     last = await Promise.all(
-      nodes.map((node) => probe(node.port, ['CLUSTER', 'INFO'], 1_000).catch((err: Error) => err.message)),
+      nodes.map(async (node) => {
+        const info = await probe(node.port, ['CLUSTER', 'INFO'], 1_000);
+        if (!replicated) return info;
+        const view = await probe(node.port, ['CLUSTER', 'NODES'], 1_000);
+        const replication = await probe(node.port, ['INFO', 'replication'], 1_000);
+        return `${info}\n${view}\n${replication}`;
+      }).map((p) => p.catch((err: Error) => err.message)),
     );
-    const ok = last.every(
-      (info) => info.includes('cluster_state:ok') && info.includes(`cluster_known_nodes:${nodes.length}\r\n`),
-    );
+    const ok = last.every((out) => {
+      if (!out.includes('cluster_state:ok') || !out.includes(`cluster_known_nodes:${nodes.length}\r\n`)) return false;
+      if (!replicated) return true;
+      const flags = out.split('\n').filter((l) => /^[0-9a-f]{40} /.test(l)).map((l) => l.split(' ')[2] ?? '');
+      const masterCount = flags.filter((f) => f.split(',').includes('master')).length;
+      if (masterCount !== masters) return false;
+      return !out.includes('role:slave') || out.includes('master_link_status:up');
+    });
     if (ok) return;
     if (Date.now() > deadline) {
       throw new Error(
@@ -535,7 +551,7 @@ export async function startCluster(options: ClusterStartOptions = {}): Promise<R
       '--cluster-replicas', String(replicas),
       '--cluster-yes',
     ]);
-    await waitForClusterOk(nodes);
+    await waitForClusterOk(nodes, masters);
   } catch (err) {
     await Promise.all(nodes.map((node) => node.stop()));
     throw err;
