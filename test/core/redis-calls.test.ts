@@ -552,15 +552,19 @@ describe('Redis calls', () => {
     locks.close();
   });
 
-  it('takes fences from the server clock, above a fence key that is stale or gone (a failover that lost the last writes)', async () => {
-    const prefix = uniquePrefix('clock');
+  /** A RedisLock with a 5 s ttl on a fresh prefix, its key `k`'s fence key, and the server clock in µs. */
+  const fenceCase = (name: string) => {
+    const prefix = uniquePrefix(name);
     const ttl = 5_000;
-    const locks = new RedisLock(admin, { prefix, ttl });
-    const fenceKey = lockNames(prefix, 'k').fence;
-    const micros = async () => {
+    const micros = async (): Promise<number> => {
       const [s, us] = await admin.time();
       return Number(s) * 1_000_000 + Number(us);
     };
+    return { prefix, ttl, locks: new RedisLock(admin, { prefix, ttl }), fenceKey: lockNames(prefix, 'k').fence, micros };
+  };
+
+  it('takes fences from the server clock, above a fence key that is stale or gone (a failover that lost the last writes)', async () => {
+    const { prefix, ttl, locks, fenceKey, micros } = fenceCase('clock');
     const before = await micros();
     const first = await locks.acquire('k');
     const after = await micros();
@@ -599,14 +603,7 @@ describe('Redis calls', () => {
   });
 
   it('renews a fence key’s expiry when the fence enters a new minute, and keeps it within the minute', async () => {
-    const prefix = uniquePrefix('renew');
-    const ttl = 5_000;
-    const locks = new RedisLock(admin, { prefix, ttl });
-    const fenceKey = lockNames(prefix, 'k').fence;
-    const micros = async () => {
-      const [s, us] = await admin.time();
-      return Number(s) * 1_000_000 + Number(us);
-    };
+    const { ttl, locks, fenceKey, micros } = fenceCase('renew');
     // Not in a minute's last second, so the lease below lands in the same minute as the fence stored first.
     const late = async () => (await micros()) % FENCE_RENEW_US > FENCE_RENEW_US - 1_000_000;
     if (await late()) await until(async () => !(await late()), 2_000, 'the next minute');
