@@ -540,6 +540,8 @@ export async function startCluster(options: ClusterStartOptions = {}): Promise<R
       '--cluster-enabled', 'yes',
       '--cluster-config-file', path.join(dir, 'nodes.conf'),
       '--cluster-node-timeout', '2000',
+      // A master's first sync to its replica waits 5 s by default for more replicas to share it.
+      '--repl-diskless-sync-delay', '0',
       ...extra,
     ],
     true,
