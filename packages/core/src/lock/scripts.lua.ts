@@ -90,8 +90,8 @@ if queue == '' or redis.call('EXISTS', queueKey) == 0 then
     f = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
   end
   if redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then
-    -- KEEPTTL costs half of PX, so the fence key's expiry is renewed only when the fence enters a new minute: it lives
-    -- at least retention + ttl after the last lease.
+    -- KEEPTTL costs half of PX, so the fence key's expiry is renewed only when the fence enters a new minute, with a
+    -- minute to spare: the key outlives the last lease (of this ttl) by at least retention.
     local last = redis.call('SET', fenceKey, f, 'KEEPTTL', 'GET')
     local n = tonumber(f)
     last = tonumber(last or '0')
