@@ -1,5 +1,6 @@
 // Soak run: mixed lock and rate-limit traffic on private Redis deployments (one node, five Redlock masters, a 3-master
-// Cluster, and @hasp/express over HTTP) while nodes are paused, killed and restarted and a busy Cluster slot moves.
+// Cluster, a 3-master Cluster with a replica per master, and @hasp/express over HTTP) while nodes are paused, killed
+// and restarted, a busy Cluster slot moves, and replicas take over from killed masters.
 // Prints operation, fault and violation counts; exits 1 on any violation, 2 when the run itself could not proceed.
 // Usage: pnpm soak [--seconds N]   (or SOAK_SECONDS=N; default 120). Needs `pnpm build` for @hasp/express.
 import http from 'node:http';
@@ -26,7 +27,7 @@ import {
   type RedisCluster,
   type RedisNode,
 } from '../harness/redis.js';
-import { clusterState, keysPerMaster, masters, slotOf, startMigration } from '../cluster/support.js';
+import { clusterState, keysPerMaster, masters, onNode, ownerOf, slotOf, startMigration } from '../cluster/support.js';
 import { BucketChecker, LockChecker, OpTracker, countUnhandled } from './checks.js';
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -220,7 +221,52 @@ async function pauseFor(nodes: readonly RedisNode[], ms: number): Promise<void> 
   }
 }
 
-function scenes(single: RedisNode, redlockNodes: RedisNode[], cluster: RedisCluster, clusterAdmin: Cluster, busyName: string): Scene[] {
+/**
+ * Kills a master of `replicated` that has slots and waits for its replica to take them over; records the bucket data
+ * loss that asynchronous replication allows (takes answered just before the kill may be missing on the replica). Then
+ * restarts the killed node empty, which rejoins as a replica of its successor, and waits until it is in sync.
+ */
+async function failOver(replicated: RedisCluster): Promise<void> {
+  const anyLive = replicated.nodes[0]!;
+  const view = await onNode(anyLive.port, [], (node) => masters(node));
+  const serving = view.filter((m) => m.ranges.length > 0);
+  const victimInfo = pick(serving, 1)[0];
+  if (victimInfo === undefined) throw new Error('no master with slots in the replicated Cluster');
+  const slot = victimInfo.ranges[0]![0];
+  const victim = replicated.nodes.find((n) => n.port === victimInfo.port)!;
+  const observer = replicated.nodes.find((n) => n !== victim)!;
+  await victim.kill();
+  const killedAt = Date.now();
+  const deadline = killedAt + 20_000;
+  for (;;) {
+    const now = await onNode(observer.port, undefined, (node) => masters(node));
+    if (now !== undefined && ownerOf(now, slot) !== victim.port) break;
+    if (Date.now() > deadline) throw new Error(`no replica took over slot ${slot} within 20 s of killing :${victim.port}`);
+    await delay(100);
+  }
+  const promotedAt = Date.now();
+  // Locks stay exclusive only because a takeover outlasts every lease the dead master granted (see the core README).
+  if (promotedAt - killedAt <= TTL) throw new Error(`the takeover took ${promotedAt - killedAt} ms, not more than the ttl`);
+  buckets.dataLoss('replicated', killedAt, promotedAt);
+  await victim.restart();
+  const synced = Date.now() + 20_000;
+  for (;;) {
+    const states = await Promise.all(replicated.nodes.map((n) => clusterState(n.port)));
+    const link = await onNode(victim.port, '', async (node) => String(await node.info('replication')));
+    if (states.every((st) => st === 'ok') && link.includes('role:slave') && link.includes('master_link_status:up')) break;
+    if (Date.now() > synced) throw new Error(`:${victim.port} did not rejoin as a replica in sync within 20 s`);
+    await delay(100);
+  }
+}
+
+function scenes(
+  single: RedisNode,
+  redlockNodes: RedisNode[],
+  cluster: RedisCluster,
+  clusterAdmin: Cluster,
+  busyName: string,
+  replicated: RedisCluster,
+): Scene[] {
   return [
     { name: 'pause the single node', estimate: PAUSE_MS, run: () => pauseFor([single], PAUSE_MS) },
     {
@@ -270,6 +316,8 @@ function scenes(single: RedisNode, redlockNodes: RedisNode[], cluster: RedisClus
         await Promise.all([killAndRestart([killed]), pauseFor([paused], DOWN_MS)]);
       },
     },
+    // Last: the suite's 30 s soak does not reach it (test/cluster/faults.test.ts covers a failover there).
+    { name: 'fail a Cluster master over to its replica', estimate: 8_000, run: () => failOver(replicated) },
   ];
 }
 
@@ -278,9 +326,18 @@ function scenes(single: RedisNode, redlockNodes: RedisNode[], cluster: RedisClus
 
 async function main(): Promise<number> {
   log(`soak: ${SECONDS} s; ttl ${TTL} ms, wait ${WAIT} ms, bucket ${CAPACITY} + ${RATE}/s; starting Redis...`);
-  const [single, redlockNodes, cluster] = await Promise.all([startRedis(), startRedisNodes(5), startCluster()]);
-  log(`single node :${single.port}; Redlock :${redlockNodes.map((n) => n.port).join(' :')}; Cluster :${cluster.nodes.map((n) => n.port).join(' :')}`);
+  const [single, redlockNodes, cluster, replicated] = await Promise.all([
+    startRedis(),
+    startRedisNodes(5),
+    startCluster(),
+    startCluster({ masters: 3, replicas: 1 }),
+  ]);
+  log(
+    `single node :${single.port}; Redlock :${redlockNodes.map((n) => n.port).join(' :')}; ` +
+      `Cluster :${cluster.nodes.map((n) => n.port).join(' :')}; replicated Cluster :${replicated.nodes.map((n) => n.port).join(' :')}`,
+  );
   const clusterAdmin = cluster.client();
+  const replicatedAdmin = replicated.client();
   const quitters: (Redis | Cluster)[] = [];
   const own = <C extends Redis | Cluster>(c: C): C => {
     quitters.push(c);
@@ -292,23 +349,30 @@ async function main(): Promise<number> {
   // RedisLock and TokenBucket on the single node and on the Cluster; Redlock over the five masters.
   const clusterKeys = [...(await keysPerMaster(clusterAdmin, 'lock', (k) => lockNames('soak:lock:', k).lock)).values()].flat();
   const busyName = lockNames('soak:lock:', clusterKeys[0]!).lock;
+  const replicatedKeys = [...(await keysPerMaster(replicatedAdmin, 'lock', (k) => lockNames('soak:lock:', k).lock)).values()].flat();
   for (let i = 0; i < 3; i++) {
     const singleClient = own(single.client());
     const clusterClient = own(cluster.client());
+    const replicatedClient = own(replicated.client());
     const redlockClients = redlockNodes.map((n) => own(n.client()));
     const lockers: [string, Locker & { close(): void }, string[]][] = [
       ['single', new RedisLock(singleClient, { prefix: 'soak:lock:', onError: onLockError('single') }), ['a', 'b', 'c']],
       ['cluster', new RedisLock(clusterClient, { prefix: 'soak:lock:', onError: onLockError('cluster') }), clusterKeys],
       ['redlock', new Redlock(redlockClients, { prefix: 'soak:lock:', onError: onLockError('redlock') }), ['a', 'b']],
+      ['replicated', new RedisLock(replicatedClient, { prefix: 'soak:lock:', onError: onLockError('replicated') }), replicatedKeys],
     ];
     for (const [backend, locker, keys] of lockers) {
       closers.push(locker);
       for (const key of keys) loops.push(lockLoop(backend, locker, key));
     }
     const bucketOpts = { capacity: CAPACITY, rate: RATE, prefix: 'soak:tb:' };
-    for (const [store, redis] of [['single', singleClient], ['cluster', clusterClient]] as const) {
+    for (const [store, redis, keys] of [
+      ['single', singleClient, ['x', 'y', 'z', 'w']],
+      ['cluster', clusterClient, ['x', 'y', 'z', 'w']],
+      ['replicated', replicatedClient, ['x', 'y']],
+    ] as const) {
       const bucket = new TokenBucket({ ...bucketOpts, redis });
-      for (const key of ['x', 'y', 'z', 'w']) loops.push(bucketLoop(store, bucket, key));
+      for (const key of keys) loops.push(bucketLoop(store, bucket, key));
     }
   }
   const server = await startHttp(own(single.client()));
@@ -330,7 +394,7 @@ async function main(): Promise<number> {
   let infraError: unknown;
   let calmFrom = Date.now();
   await delay(WARMUP_MS);
-  const all = scenes(single, redlockNodes, cluster, clusterAdmin, busyName);
+  const all = scenes(single, redlockNodes, cluster, clusterAdmin, busyName, replicated);
   for (let s = 0; ; s++) {
     const fitting = all.filter((sc) => Date.now() + sc.estimate + GAP_MS < end - CALM_MS);
     if (fitting.length === 0) break;
@@ -356,7 +420,17 @@ async function main(): Promise<number> {
   log('stopping traffic...');
   const stopped = await Promise.race([Promise.all(loops).then(() => true), delay(LOCK_BOUND * 2, undefined, { ref: false }).then(() => false)]);
   clearInterval(progress);
-  const kinds = ['single lock', 'cluster lock', 'redlock lock', 'single bucket', 'cluster bucket', 'http limited', 'http locked'];
+  const kinds = [
+    'single lock',
+    'cluster lock',
+    'redlock lock',
+    'replicated lock',
+    'single bucket',
+    'cluster bucket',
+    'replicated bucket',
+    'http limited',
+    'http locked',
+  ];
   const stale = kinds.filter((k) => (lastSuccess.get(k) ?? 0) < calmFrom);
 
   // Shut down: close lockers, quit every client, stop the servers.
@@ -365,6 +439,7 @@ async function main(): Promise<number> {
   server.closeAllConnections();
   await Promise.all(quitters.map((c) => Promise.race([c.quit().catch(() => undefined), delay(2_000, undefined, { ref: false }).then(() => c.disconnect())])));
   clusterAdmin.disconnect();
+  replicatedAdmin.disconnect();
   await stopAll();
 
   // Report.
