@@ -12,6 +12,7 @@ import { trackUnhandled } from '../redlock/support.js';
 import { BucketChecker, LockChecker, OpTracker } from '../soak/checks.js';
 import {
   clusterState,
+  cutReplicaLink,
   flaggedFailed,
   onNode,
   keysPerMaster,
@@ -291,12 +292,14 @@ describe('Cluster failover under traffic', () => {
     try {
       await until(() => keys.every((k) => traffic.recovered(k, 0)), 5_000, 'traffic on every master');
       await pause(300);
+      // Replication is asynchronous: the writes a master answered last may never reach its replica. Cutting the link
+      // 100 ms before the kill makes sure some are lost. A bucket may therefore forget the takes just before the kill
+      // (admissions from there on are checked as a fresh bucket's). A lock stays safe: the replica is promoted only
+      // after cluster-node-timeout (2 s), longer than any lease of the dead master lasts (TTL, and nothing can extend
+      // one there), and its fences come from the clock, which has moved past every fence the victim handed out.
+      const cut = await cutReplicaLink(victimPort);
+      await pause(100);
       await victim.kill();
-      // Replication is asynchronous: the writes the victim acknowledged last may never have reached its replica. A
-      // bucket may therefore forget the takes just before the kill (admissions from there on are checked as a fresh
-      // bucket's). A lock stays safe: the replica is promoted only after cluster-node-timeout (2 s), longer than any
-      // lease of the dead master lasts (TTL, and nothing can extend one there), and its fences come from the clock,
-      // which has moved past every fence the victim handed out.
       const killedAt = Date.now();
       // After cluster-node-timeout (2 s) the victim's replica is elected and takes its slots over.
       await until(
@@ -311,6 +314,7 @@ describe('Cluster failover under traffic', () => {
       promotedAt = Date.now();
       expect(promotedAt - killedAt).toBeGreaterThan(TTL);
       traffic.buckets.dataLoss('cluster', killedAt, promotedAt);
+      await cut.restore();
       await until(() => keys.every((k) => traffic.recovered(k, promotedAt)), 15_000, 'traffic to succeed on every master');
       await pause(500);
     } finally {

@@ -170,3 +170,40 @@ export async function startMigration(view: readonly MasterInfo[], slot: number, 
     },
   };
 }
+
+/** What {@link cutReplicaLink} did, to undo once the replica has taken over. */
+export interface CutLink {
+  /** The port of the replica whose link was cut. */
+  replicaPort: number;
+  /** Lets the replica authenticate to a master without a password again. */
+  restore(): Promise<void>;
+}
+
+/**
+ * Cuts the replication link of the master on `masterPort` (which must have one replica) so that it stays down: the
+ * replica is given a password the master does not have, then the master drops it. What the master answers from then
+ * on never reaches the replica, as in a partition followed by a crash: killing the master now loses those writes for
+ * sure, where a plain SIGKILL loses them only if it lands between a reply and its replication.
+ */
+export async function cutReplicaLink(masterPort: number): Promise<CutLink> {
+  const run = async <T>(port: number, fn: (node: Redis) => Promise<T>): Promise<T> => {
+    const node = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 0 });
+    node.on('error', () => undefined);
+    try {
+      return await fn(node);
+    } finally {
+      node.disconnect();
+    }
+  };
+  const lines = (await run(masterPort, async (node) => String(await node.cluster('NODES')))).trim().split('\n');
+  const id = lines.find((l) => l.split(' ')[2]!.includes('myself'))!.split(' ')[0];
+  const replica = lines.find((l) => l.split(' ')[3] === id);
+  if (replica === undefined) throw new Error(`the master on :${masterPort} has no replica`);
+  const replicaPort = Number(replica.split(' ')[1]!.split('@')[0]!.split(':').pop());
+  await run(replicaPort, (node) => node.config('SET', 'masterauth', 'hasp-test-cut'));
+  await run(masterPort, (node) => node.client('KILL', 'TYPE', 'replica'));
+  return {
+    replicaPort,
+    restore: () => run(replicaPort, (node) => node.config('SET', 'masterauth', '')).then(() => undefined),
+  };
+}

@@ -27,7 +27,16 @@ import {
   type RedisCluster,
   type RedisNode,
 } from '../harness/redis.js';
-import { clusterState, keysPerMaster, masters, onNode, ownerOf, slotOf, startMigration } from '../cluster/support.js';
+import {
+  clusterState,
+  cutReplicaLink,
+  keysPerMaster,
+  masters,
+  onNode,
+  ownerOf,
+  slotOf,
+  startMigration,
+} from '../cluster/support.js';
 import { BucketChecker, LockChecker, OpTracker, countUnhandled } from './checks.js';
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -48,6 +57,8 @@ const WAIT = 1_000;
 const DOWN_MS = TTL + 400;
 /** Paused nodes stay frozen past the per-call timeout, so calls time out rather than just slow down. */
 const PAUSE_MS = TIMEOUT + 300;
+/** How long a failing-over master keeps answering after its replica's link was cut: those writes are lost. */
+const LINK_DOWN_MS = 100;
 const CAPACITY = 10;
 const RATE = 50;
 /** A lock operation may spend `wait`, then a last attempt and a release of `timeout` each; plus slack for load. */
@@ -222,9 +233,10 @@ async function pauseFor(nodes: readonly RedisNode[], ms: number): Promise<void> 
 }
 
 /**
- * Kills a master of `replicated` that has slots and waits for its replica to take them over; records the bucket data
- * loss that asynchronous replication allows (takes answered just before the kill may be missing on the replica). Then
- * restarts the killed node empty, which rejoins as a replica of its successor, and waits until it is in sync.
+ * Kills a master of `replicated` that has slots, LINK_DOWN_MS after cutting its replica's link, and waits for the
+ * replica to take its slots over; records the bucket data loss (the takes it answered meanwhile are missing on the
+ * replica). Then restarts the killed node empty, which rejoins as a replica of its successor, and waits until it is in
+ * sync.
  */
 async function failOver(replicated: RedisCluster): Promise<void> {
   const anyLive = replicated.nodes[0]!;
@@ -235,6 +247,9 @@ async function failOver(replicated: RedisCluster): Promise<void> {
   const slot = victimInfo.ranges[0]![0];
   const victim = replicated.nodes.find((n) => n.port === victimInfo.port)!;
   const observer = replicated.nodes.find((n) => n !== victim)!;
+  // What the master answers from here on never reaches its replica (see cutReplicaLink).
+  const cut = await cutReplicaLink(victim.port);
+  await delay(LINK_DOWN_MS);
   await victim.kill();
   const killedAt = Date.now();
   const deadline = killedAt + 20_000;
@@ -248,6 +263,7 @@ async function failOver(replicated: RedisCluster): Promise<void> {
   // Locks stay exclusive only because a takeover outlasts every lease the dead master granted (see the core README).
   if (promotedAt - killedAt <= TTL) throw new Error(`the takeover took ${promotedAt - killedAt} ms, not more than the ttl`);
   buckets.dataLoss('replicated', killedAt, promotedAt);
+  await cut.restore();
   await victim.restart();
   const synced = Date.now() + 20_000;
   for (;;) {
