@@ -627,6 +627,25 @@ describe('Redis calls', () => {
     locks.close();
   });
 
+  it('gives each Redlock attempt a fence floor of its own, so quick cycles on one key never take the slower fence path', async () => {
+    const locks = new Redlock([node.client()], { prefix: uniquePrefix('floor') });
+    await (await locks.acquire('k')).release();
+    await admin.config('RESETSTAT');
+    // Cycles far shorter than the millisecond the floor's clock counts in: a repeated floor would not be above the
+    // stored fence, and the script would write the fence and the lock once more each time.
+    const fences: number[] = [];
+    for (let i = 0; i < 30; i++) {
+      const lease = await locks.acquire('k');
+      fences.push(lease.fence);
+      await lease.release();
+    }
+    expect(fences).toEqual([...fences].sort((x, y) => x - y));
+    expect(new Set(fences).size).toBe(30);
+    // Per acquire: SET NX for the lock and SET … KEEPTTL GET for the fence.
+    expect((await statsOf(admin, 'set')).calls).toBe(60);
+    locks.close();
+  });
+
   it('lets a waiter on a key waited on lately listen first: one refused attempt, then woken by the release', async () => {
     const prefix = uniquePrefix('hot');
     // The holders are another process, so the waiters are woken (a release in their own locker hands over directly).

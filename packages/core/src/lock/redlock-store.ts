@@ -43,6 +43,8 @@ export class RedlockStore implements LockStore {
    * re-sends commands after a reconnect, and a NOSCRIPT fallback re-sends an acquire after a release behind it.)
    */
   private readonly live = new Map<string, () => void>();
+  /** The last fence floor this store proposed, µs. */
+  private lastFloor = 0;
 
   constructor(
     private readonly clients: readonly RedisClient[],
@@ -162,8 +164,11 @@ export class RedlockStore implements LockStore {
     const total = this.clients.length;
     const timeout = this.nodeTimeout(ttl, n.lock);
     const token = randomToken();
-    const floor = String(Date.now() * 1_000);
     const started = Date.now();
+    // The clock in µs, but never a floor this store used before: a node whose stored fence is not below the floor
+    // takes a slower path (one more fence write), and the ms clock alone would repeat within a millisecond.
+    this.lastFloor = Math.max(started * 1_000, this.lastFloor + 1);
+    const floor = String(this.lastFloor);
 
     // Replies that land after the decision wait here until the verdict (which lease, if any, to keep) is known.
     const decided: { verdict?: (c: RedisClient, r: AttemptResult) => void } = {};
