@@ -335,7 +335,7 @@ describe('TokenBucket on Redis', () => {
     expect(await admin.keys(`${prefix}*`)).toEqual([]);
   });
 
-  it('reads merged takes with one MGET, and keeps a key its expiry while its TAT stays in the same second (seen by MONITOR)', async () => {
+  it('reads merged takes with one MGET, writes a key at most twice per command however many takes it has there, and keeps its expiry while its TAT stays in the same second (seen by MONITOR)', async () => {
     const client = node.client();
     await client.ping();
     const prefix = uniquePrefix('grid');
@@ -366,12 +366,16 @@ describe('TokenBucket on Redis', () => {
       expect(commands.filter((c) => c === 'mget').length).toBe(calls.length);
       expect(commands).not.toContain('get');
       const sets = inner.filter((a) => a[0] === 'set');
-      expect(sets).toHaveLength(45);
+      // Per script call: a SET for its first take on the key and, when later takes of the same call moved the TAT,
+      // one more with the last of them, not one per take. The 40 merged takes go in commands of 8 (one callback).
+      const merged8 = calls.filter((a) => Number(a[2]) > 1).length;
+      expect(merged8).toBeGreaterThan(0);
+      expect(sets).toHaveLength(calls.length + merged8);
       // The first creates the key (NX: MGET reads a key of another type as none); a new expiry only when the TAT
-      // crosses into the next second; every other take keeps the expiry.
+      // crosses into the next second; every other write keeps the expiry.
       expect(sets[0]).toContain('nx');
       expect(sets.filter((a) => a.includes('px')).length).toBeLessThanOrEqual(2);
-      expect(sets.filter((a) => a.includes('keepttl')).length).toBeGreaterThanOrEqual(43);
+      expect(sets.filter((a) => a.includes('keepttl')).length).toBeGreaterThanOrEqual(sets.length - 2);
       const [name] = await admin.keys(`${prefix}*`);
       const tat = Number(await admin.get(name!));
       await expectExpiry(admin, name!, tat);

@@ -22,8 +22,9 @@ local function expiryAfter(second)
 end
 `;
 
-// One take, as a Lua function of the bucket's key, its value as read before (false: no key) and the cost, run by TAKE
-// for one call and by its batch form for many. `now`, `burst`, `interval`, `commit` and `written` are set before it.
+// One take, as a Lua function of the bucket's key, its value as read before (false: no key), the cost, and whether this
+// command already wrote the key (`again`: then the value is that write's), run by TAKE for one call and by its batch
+// form for many. `now`, `burst`, `interval`, `commit`, `written` and `dirty` are set before it.
 // Its arithmetic is relative to `now`, so the numbers stay small and exact. Returns how far the TAT lay ahead of now
 // and the TAT it stored (0: none), or false and an error message.
 //
@@ -32,7 +33,7 @@ end
 // on the grid, which is what lets a new TAT in the same second keep it.
 const TAKE_FUNCTION = `${EXPIRY_FUNCTION}
 local wrongType = 'WRONGTYPE Operation against a key holding the wrong kind of value'
-local function take(key, v, cost)
+local function take(key, v, cost, again)
   local tat = 0
   if v then
     tat = tonumber(v)
@@ -64,7 +65,14 @@ local function take(key, v, cost)
   -- %d keeps all digits; Lua's default number format would round them away.
   local value = string.format('%d', stored)
   local second = math.floor(stored / grid)
-  if v and math.floor(tat / grid) == second then
+  if again then
+    -- Written before in this command (a hot key): the last take's value goes to Redis once, at the command's end. The
+    -- first time, what Redis holds is that earlier value, whose second its expiry is set to.
+    if not dirty[key] then
+      dirty[key] = math.floor(tonumber(v) / grid)
+      dirtyKeys[#dirtyKeys + 1] = key
+    end
+  elseif v and math.floor(tat / grid) == second then
     redis.call('SET', key, value, 'KEEPTTL')
   else
     local px = expiryAfter(second)
@@ -87,7 +95,9 @@ local commit = ARGV[3] == '1'           -- '1' take, '0' peek
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local burst = capacity * interval
-local written = {}                      -- values this command wrote, by key
+local written = {}                      -- values this command wrote (or will, at its end), by key
+-- Keys whose last value is not in Redis yet: each with the grid second its expiry in Redis is set to, and in order.
+local dirty, dirtyKeys = {}, {}
 `;
 
 /**
@@ -123,7 +133,8 @@ local out = {}
 for i = 1, n do
   local key = KEYS[i]
   -- A key taken from earlier in this command holds what that take wrote.
-  local ok, ahead, stored = pcall(take, key, written[key] or values[i], tonumber(ARGV[3 + i]))
+  local again = written[key]
+  local ok, ahead, stored = pcall(take, key, again or values[i], tonumber(ARGV[3 + i]), again)
   if not ok then
     if type(ahead) ~= 'table' or not ahead.err then ahead = {err = tostring(ahead)} end
     stored = 0
@@ -133,6 +144,18 @@ for i = 1, n do
   end
   out[2 * i - 1] = ahead
   out[2 * i] = stored
+end
+-- The last value of every key that later takes of this command left only in \`written\`, keeping the expiry Redis has
+-- for it while the TAT is still in that second, as a take does: one SET per hot key and command, not one per take. (A
+-- SET on a key this command already wrote cannot meet WRONGTYPE.)
+for _, key in ipairs(dirtyKeys) do
+  local value = written[key]
+  local second = math.floor(tonumber(value) / grid)
+  if second == dirty[key] then
+    redis.call('SET', key, value, 'KEEPTTL')
+  else
+    redis.call('SET', key, value, 'PX', expiryAfter(second))
+  end
 end
 return out
 `,
