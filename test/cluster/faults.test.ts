@@ -14,13 +14,13 @@ import {
   clusterState,
   cutReplicaLink,
   flaggedFailed,
-  onNode,
   keysPerMaster,
   masters,
   ownerOf,
   slotOf,
   startMigration,
   subscriberPorts,
+  tookOver,
 } from './support.js';
 
 let cluster: RedisCluster;
@@ -303,10 +303,7 @@ describe('Cluster failover under traffic', () => {
       const killedAt = Date.now();
       // After cluster-node-timeout (2 s) the victim's replica is elected and takes its slots over.
       await until(
-        async () => {
-          const view = await onNode(survivor.port, undefined, (node) => masters(node));
-          return view !== undefined && ownerOf(view, slot) !== victimPort;
-        },
+        () => tookOver(survivor.port, slot, victimPort),
         20_000,
         'a replica to take over the dead master’s slots',
         100,

@@ -20,7 +20,7 @@ export async function masters(client: Cluster | Redis): Promise<MasterInfo[]> {
     .filter((f) => f[2]!.includes('master'))
     .map((f) => ({
       id: f[0]!,
-      port: Number(f[1]!.split('@')[0]!.split(':').pop()),
+      port: portOf(f[1]!),
       // Slot fields look like "0-5460" or "42"; importing/migrating markers ("[42->-id]") are not ownership.
       ranges: f
         .slice(8)
@@ -76,11 +76,13 @@ export async function subscribers(client: Cluster, channel: string): Promise<num
   return counts.reduce((a, b) => a + b, 0);
 }
 
-/**
- * Runs `fn` on a short-lived connection to one node (no retries, no offline queue); resolves `fallback` when the node
- * does not answer, so a dead node reads as "nothing there".
- */
-export async function onNode<T>(port: number, fallback: T, fn: (node: Redis) => Promise<T>): Promise<T> {
+/** The port of a CLUSTER NODES address field ("127.0.0.1:7000@17000"). */
+function portOf(address: string): number {
+  return Number(address.split('@')[0]!.split(':').pop());
+}
+
+/** Runs `fn` on a short-lived connection to one node (no retries, no offline queue); rejects with its error. */
+export async function withNode<T>(port: number, fn: (node: Redis) => Promise<T>): Promise<T> {
   const node = new Redis({
     host: '127.0.0.1',
     port,
@@ -93,11 +95,22 @@ export async function onNode<T>(port: number, fallback: T, fn: (node: Redis) => 
   try {
     await node.connect();
     return await fn(node);
-  } catch {
-    return fallback;
   } finally {
     node.disconnect();
   }
+}
+
+/**
+ * {@link withNode}, resolving `fallback` when the node does not answer, so a dead node reads as "nothing there".
+ */
+export function onNode<T>(port: number, fallback: T, fn: (node: Redis) => Promise<T>): Promise<T> {
+  return withNode(port, fn).catch(() => fallback);
+}
+
+/** Whether the node on `observer` sees `slot` owned by a master other than the one on `from` (a takeover). */
+export async function tookOver(observer: number, slot: number, from: number): Promise<boolean> {
+  const view = await onNode(observer, undefined, (node) => masters(node));
+  return view !== undefined && ownerOf(view, slot) !== from;
 }
 
 /** The ports among `ports` whose node has a subscriber on `channel`. */
@@ -186,24 +199,15 @@ export interface CutLink {
  * sure, where a plain SIGKILL loses them only if it lands between a reply and its replication.
  */
 export async function cutReplicaLink(masterPort: number): Promise<CutLink> {
-  const run = async <T>(port: number, fn: (node: Redis) => Promise<T>): Promise<T> => {
-    const node = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 0 });
-    node.on('error', () => undefined);
-    try {
-      return await fn(node);
-    } finally {
-      node.disconnect();
-    }
-  };
-  const lines = (await run(masterPort, async (node) => String(await node.cluster('NODES')))).trim().split('\n');
+  const lines = (await withNode(masterPort, async (node) => String(await node.cluster('NODES')))).trim().split('\n');
   const id = lines.find((l) => l.split(' ')[2]!.includes('myself'))!.split(' ')[0];
   const replica = lines.find((l) => l.split(' ')[3] === id);
   if (replica === undefined) throw new Error(`the master on :${masterPort} has no replica`);
-  const replicaPort = Number(replica.split(' ')[1]!.split('@')[0]!.split(':').pop());
-  await run(replicaPort, (node) => node.config('SET', 'masterauth', 'hasp-test-cut'));
-  await run(masterPort, (node) => node.client('KILL', 'TYPE', 'replica'));
+  const replicaPort = portOf(replica.split(' ')[1]!);
+  await withNode(replicaPort, (node) => node.config('SET', 'masterauth', 'hasp-test-cut'));
+  await withNode(masterPort, (node) => node.client('KILL', 'TYPE', 'replica'));
   return {
     replicaPort,
-    restore: () => run(replicaPort, (node) => node.config('SET', 'masterauth', '')).then(() => undefined),
+    restore: () => withNode(replicaPort, (node) => node.config('SET', 'masterauth', '')).then(() => undefined),
   };
 }

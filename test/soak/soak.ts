@@ -33,9 +33,9 @@ import {
   keysPerMaster,
   masters,
   onNode,
-  ownerOf,
   slotOf,
   startMigration,
+  tookOver,
 } from '../cluster/support.js';
 import { BucketChecker, LockChecker, OpTracker, countUnhandled } from './checks.js';
 
@@ -254,8 +254,7 @@ async function failOver(replicated: RedisCluster): Promise<void> {
   const killedAt = Date.now();
   const deadline = killedAt + 20_000;
   for (;;) {
-    const now = await onNode(observer.port, undefined, (node) => masters(node));
-    if (now !== undefined && ownerOf(now, slot) !== victim.port) break;
+    if (await tookOver(observer.port, slot, victim.port)) break;
     if (Date.now() > deadline) throw new Error(`no replica took over slot ${slot} within 20 s of killing :${victim.port}`);
     await delay(100);
   }
