@@ -163,7 +163,7 @@ end
 local f = proposal()
 redis.call('SET', lockKey, record(token, f, 1, waiters, owner), 'PX', ttl)
 return granted(f, waiters)
-`, { patient: true }); // every caller awaits it (see Script)
+`, { patient: true, sharedClock: true }); // every caller awaits it (see Script)
 
 /** Keep the lock at least `ttl` more ms if `token` holds it; the new remaining ms, or -1 when not held. */
 export const EXTEND = new Script(`
@@ -234,7 +234,7 @@ if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
 local nf = string.format('%d', now)
 redis.call('SET', lockKey, record(heir, nf, 1, waiters, heirOwner), 'PX', heirTtl)
 return {1, fenced(lockKey, fenceKey, heir, heirOwner, nf, heirTtl, retention, waiters)}
-`);
+`, { sharedClock: true });
 
 /**
  * A waiter gives up: leave the queue, and if it was first while the lock is free, wake the next one. A lock handed to
@@ -263,7 +263,7 @@ if redis.call('EXISTS', lockKey) == 0 then
   if head then redis.call('PUBLISH', channel, head) end
 end
 return 1
-`);
+`, { sharedClock: true });
 
 /** Redlock: raise this node's fence to `fence` while `token` holds the lock. 1 when written, 0 when not held. */
 export const RAISE_FENCE = new Script(`

@@ -44,8 +44,9 @@ export class Script {
    * sends after them from a later callback never runs first.
    * @param options.sharedClock true when the script may see, for `redis.call('TIME')`, the time the merged command it
    * runs in first read (its calls run as one script, at one instant as far as keys' expiry goes): TIME costs the
-   * server about as much as a token bucket's GET. Off for the lock scripts, whose fences restart at the clock and whose
-   * queue orders waiters by it.
+   * server about as much as a token bucket's GET or a lock's SET. For a script whose calls on one key must see a
+   * clock that moves (none here: a lock's fence is one above the last one when the clock has not moved past it, and
+   * waiters that arrive in one command are as concurrent as their calls were), leave it off.
    * @param options.batch a script that runs many calls of this one in one command, used instead of the bundle when
    * every call of a merged command is of this script with the same leading arguments (see {@link BatchFormOptions}).
    */
