@@ -2,11 +2,11 @@
 // a connection is one EVAL (no NOSCRIPT round trip), and every call still fails within its timeout on a frozen server.
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { LockBusyError, LockUnavailableError, RedisLock, Redlock, TokenBucket, type Lease } from '../../packages/core/src/index.js';
+import { LockBusyError, LockLostError, LockUnavailableError, RedisLock, Redlock, TokenBucket, type Lease, type LockErrorEvent } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { FENCE_RENEW_US, FENCE_RETENTION_MS } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
-import { commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
+import { abortReason, commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
 
 let node: RedisNode;
 let admin: Redis;
@@ -550,6 +550,161 @@ describe('Redis calls', () => {
     }
     pair.close();
   });
+
+  it('lets a waiter of the releasing locker that is first in line in at once, before Redis answers, and keeps it on once Redis has recorded it', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    const probe = own.client();
+    await Promise.all([client.ping(), probe.ping()]);
+    const prefix = uniquePrefix('hand-over');
+    const names = lockNames(prefix, 'k');
+    const locks = new RedisLock(client, { prefix, ttl: 20_000, timeout: 300 });
+    try {
+      const held = await locks.acquire('k');
+      const waiter = locks.acquire('k', { wait: 10_000 });
+      await until(async () => (await probe.zcard(names.queue)) === 1, 2_000, 'the waiter to queue');
+      // Its refusal, which told it that it is first in line, has been read: a later reply on its connection is back.
+      await client.ping();
+      let next: Lease;
+      own.pause();
+      try {
+        const releasedAt = Date.now();
+        const released = held.release();
+        // Redis answers nothing now: the waiter gets the lock all the same.
+        next = await within(waiter, 1_000, 'the waiter, with Redis paused');
+        expect(next.fence).toBe(held.fence + 1);
+        // Until Redis has recorded the hand-over, the new lease runs on the released one, which still holds it there.
+        expect(next.expiresAt).toBeLessThanOrEqual(held.expiresAt);
+        expect(next.expiresAt).toBeGreaterThan(releasedAt + 10_000);
+        expect(next.signal.aborted).toBe(false);
+        // The release does not wait past its timeout for Redis: for the releasing holder the lock has passed on.
+        expect(await within(released, 2_000, 'the release')).toBe(true);
+      } finally {
+        own.resume();
+      }
+      // Redis records it once it runs again (the reply comes after the timeout): the lease gets its own 20 s.
+      await until(() => Promise.resolve(next.expiresAt > held.expiresAt), 3_000, 'the hand-over to be recorded');
+      expect((await probe.get(names.lock))?.startsWith(`${next.token} ${next.fence} 1 0 `)).toBe(true);
+      expect(await probe.get(names.fence)).toBe(String(next.fence));
+      expect(await probe.pttl(names.lock)).toBeGreaterThan(19_000);
+      expect(await probe.zcard(names.queue)).toBe(0);
+      expect(next.signal.aborted).toBe(false);
+      expect(await next.release()).toBe(true);
+      expect(await probe.exists(names.lock)).toBe(0);
+    } finally {
+      locks.close();
+      await own.stop();
+    }
+  });
+
+  it('passes the lock down a line of its own waiters with Redis paused, and Redis then records every hand-over in order', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    const probe = own.client();
+    await Promise.all([client.ping(), probe.ping()]);
+    const prefix = uniquePrefix('hand-over-line');
+    const names = lockNames(prefix, 'k');
+    const locks = new RedisLock(client, { prefix, ttl: 20_000, timeout: 300 });
+    try {
+      const held = await locks.acquire('k');
+      const waiters: Promise<Lease>[] = [];
+      for (let i = 1; i <= 4; i++) {
+        waiters.push(locks.acquire('k', { wait: 10_000 }));
+        await until(async () => (await probe.zcard(names.queue)) === i, 2_000, `waiter ${i} to queue`);
+      }
+      await client.ping();
+      const leases: Lease[] = [];
+      own.pause();
+      try {
+        let previous: Lease = held;
+        for (const [i, waiter] of waiters.entries()) {
+          const released = previous.release();
+          const next = await within(waiter, 1_000, `waiter ${i + 1}, with Redis paused`);
+          expect(next.fence).toBe(held.fence + i + 1);
+          leases.push(next);
+          expect(await within(released, 2_000, 'the release')).toBe(true);
+          previous = next;
+        }
+      } finally {
+        own.resume();
+      }
+      const last = leases[3]!;
+      await until(() => Promise.resolve(last.expiresAt > held.expiresAt), 3_000, 'the hand-overs to be recorded');
+      expect((await probe.get(names.lock))?.startsWith(`${last.token} ${last.fence} 1 0 `)).toBe(true);
+      expect(await probe.get(names.fence)).toBe(String(last.fence));
+      expect(await probe.zcard(names.queue)).toBe(0);
+      expect(leases.map((l) => l.signal.aborted)).toEqual([true, true, true, false]);
+      expect(await last.release()).toBe(true);
+      expect(await probe.exists(names.lock)).toBe(0);
+    } finally {
+      locks.close();
+      await own.stop();
+    }
+  });
+
+  it('lets its own waiters in at once only up to a waiter of another process in the line, which goes next', async () => {
+    const prefix = uniquePrefix('hand-over-mixed');
+    const pair = twoLockers(prefix);
+    const { ours, theirs } = pair;
+    const order: string[] = [];
+    const held = await ours.acquire('k');
+    const line = [
+      ['ours 1', ours],
+      ['theirs', theirs],
+      ['ours 2', ours],
+    ] as const;
+    const waiting = new Map<string, Promise<Lease>>();
+    for (const [i, [name, locker]] of line.entries()) {
+      waiting.set(name, locker.acquire('k', { wait: 10_000 }).then((l) => (order.push(name), l)));
+      await queued(prefix, 'k', i + 1, `${name} to queue`);
+    }
+    await held.release();
+    for (const name of ['ours 1', 'theirs', 'ours 2']) {
+      const lease = await within(waiting.get(name)!, 3_000, name);
+      expect(order).toEqual(['ours 1', 'theirs', 'ours 2'].slice(0, order.length));
+      expect(await lease.release()).toBe(true);
+    }
+    expect(order).toEqual(['ours 1', 'theirs', 'ours 2']);
+    pair.close();
+  });
+
+  it.each([
+    ['its lock is gone from Redis', 'gone'],
+    ['the fence key has moved past the next fence', 'fence'],
+  ] as const)(
+    'takes back the lock it let a waiter in to when the releasing lease turns out not to cover the hand-over (%s)',
+    async (_, fault) => {
+      const client = node.client();
+      const prefix = uniquePrefix(`hand-over-${fault}`);
+      const names = lockNames(prefix, 'k');
+      const events: LockErrorEvent[] = [];
+      const locks = new RedisLock(client, { prefix, ttl: 20_000, onError: (e) => events.push(e) });
+      const held = await locks.acquire('k');
+      const waiter = locks.acquire('k', { wait: 10_000 });
+      await queued(prefix, 'k', 1, 'the waiter to queue');
+      await client.ping();
+      // What this process cannot see: the lease expired there (a stall), or a fence was made elsewhere.
+      if (fault === 'gone') await admin.del(names.lock);
+      else await admin.set(names.fence, String(held.fence + 5), 'KEEPTTL');
+      const released = held.release();
+      const next = await within(waiter, 1_000, 'the waiter');
+      expect(next.fence).toBe(held.fence + 1);
+      expect(await abortReason(next.signal, 2_000, 'the new lease to be lost')).toBeInstanceOf(LockLostError);
+      // Whether the released lease still held the lock there.
+      expect(await released).toBe(fault === 'fence');
+      expect(events).toEqual([expect.objectContaining({ operation: 'lost', key: 'k' })]);
+      expect(await admin.exists(names.lock)).toBe(0);
+      expect(await admin.zcard(names.queue)).toBe(0);
+      // Free for anyone at once, with a fence above every one handed out.
+      const after = await locks.tryAcquire('k');
+      expect(after).not.toBeNull();
+      expect(after!.fence).toBeGreaterThan(held.fence + 5);
+      expect(await next.release()).toBe(false);
+      expect(await after!.release()).toBe(true);
+      locks.close();
+      client.disconnect();
+    },
+  );
 
   it('hands out a fence above a stored fence that is ahead of the server clock', async () => {
     const prefix = uniquePrefix('ahead');

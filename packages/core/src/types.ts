@@ -48,7 +48,11 @@ export interface Lease {
    * resource you protect and have the resource reject writes carrying a smaller fence than one it has seen.
    */
   readonly fence: number;
-  /** Epoch ms until which the lease is surely held; conservative (round trip and clock drift taken off). */
+  /**
+   * Epoch ms until which the lease is surely held; conservative (round trip and clock drift taken off). It moves later
+   * when the lease is extended, and when Redis records a hand-over within the process that let this lease in (see
+   * "Hand-offs within a process" in the core README).
+   */
   readonly expiresAt: number;
   /** Aborted when the lease is released, lost, or expires. The reason says which. */
   readonly signal: AbortSignal;

@@ -35,6 +35,8 @@ export class LeaseImpl implements Lease {
     expiresAt: number,
     private readonly ttl: number,
     private readonly report: (event: LockErrorEvent) => void,
+    /** No owner: this lease is its lock's only hold, so a release frees the lock (or lets a waiter in). */
+    private readonly exclusive = false,
   ) {
     this.expiry = expiresAt;
     this.armExpiry();
@@ -68,11 +70,14 @@ export class LeaseImpl implements Lease {
     if (this.released) return Promise.resolve(false);
     if (this.releasing) return this.releasing;
     this.stopTimers();
+    // Only a lease that still holds may let a waiter in before the store has recorded it (see LockStore.release).
+    const live = !this.ended && this.exclusive;
     if (!this.ended) this.end(() => new LeaseReleasedError(this.key));
     const p = (async () => {
       // An extension racing the release must not report a false loss or re-extend a freed lock: let it settle first.
       if (this.inflightExtend) await this.inflightExtend.catch(() => undefined);
-      const held = await this.store.release(this.key, this.token);
+      const from = live && this.store.now() < this.expiry ? { fence: this.fence, expiresAt: this.expiry } : undefined;
+      const held = await this.store.release(this.key, this.token, from);
       this.released = true;
       return held;
     })();
@@ -110,6 +115,13 @@ export class LeaseImpl implements Lease {
       );
     };
     schedule((this.expiry - this.store.now()) / 2);
+  }
+
+  /** The store recorded the hand-over this lease began with: it now holds until `expiresAt` (see Grant.confirmation). */
+  confirm(expiresAt: number): void {
+    if (this.ended || expiresAt <= this.expiry) return;
+    this.expiry = expiresAt;
+    this.armExpiry();
   }
 
   /** Marks the lease lost: aborts the signal with a LockLostError and reports it. */

@@ -1,6 +1,6 @@
 // The behaviour every locker shares: option resolution, the acquire/wait loop with wake-ups, `using` with
 // auto-extension. Backends only supply a LockStore.
-import { HaspError, LockBusyError, LockUnavailableError } from '../errors.js';
+import { HaspError, LockBusyError, LockLostError, LockUnavailableError } from '../errors.js';
 import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import * as v from '../util/validate.js';
@@ -139,7 +139,7 @@ export abstract class BaseLocker implements Locker {
       for (;;) {
         if (handed !== undefined) {
           acquired = true;
-          return this.lease(key, handed.grant, handed.since, o.ttl);
+          return this.lease(key, handed.grant, handed.since, o);
         }
         woken = false;
         const started = this.store.now();
@@ -152,7 +152,7 @@ export abstract class BaseLocker implements Locker {
         }
         if (result.ok) {
           acquired = true;
-          return this.lease(key, result, started, o.ttl);
+          return this.lease(key, result, started, o);
         }
         if (handed !== undefined) continue;
         if (queue && endWaitHere === undefined && this.store.waitHere !== undefined) {
@@ -232,9 +232,15 @@ export abstract class BaseLocker implements Locker {
     this.recentWaits.set(key, this.store.now());
   }
 
-  private lease(key: string, result: Extract<AttemptResult, { ok: true }>, started: number, ttl: number): LeaseImpl {
-    const expiresAt = started + result.ttl - this.store.drift(result.ttl);
-    return new LeaseImpl(this.store, key, result.token, result.fence, expiresAt, ttl, (e) => this.reportError(e));
+  private lease(key: string, result: Grant, started: number, o: CallOptions): LeaseImpl {
+    const expiresAt = result.expiresAt ?? started + result.ttl - this.store.drift(result.ttl);
+    const lease = new LeaseImpl(this.store, key, result.token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner === '');
+    // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
+    result.confirmation?.then((at) => {
+      if (at === null) lease.lose(new LockLostError(key, 'the lock could not be handed over to this lease: the releasing lease had ended'));
+      else lease.confirm(at);
+    });
+    return lease;
   }
 
   private reportError(event: LockErrorEvent): void {

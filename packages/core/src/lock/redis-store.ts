@@ -4,8 +4,8 @@ import { bounded } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
-import { ACQUIRE, EXTEND, LEAVE, RELEASE } from './scripts.lua.js';
-import type { AttemptResult, Grant, LockStore } from './store.js';
+import { ACQUIRE, EXTEND, LEAVE, RELEASE, TRANSFER } from './scripts.lua.js';
+import type { AttemptResult, Grant, LockStore, Releasing } from './store.js';
 
 export { FENCE_RETENTION_MS, QUEUE_HEARTBEAT_MS } from './scripts.lua.js';
 
@@ -42,10 +42,13 @@ export function ownerName(owner: string): string {
  * answers them as strings.
  */
 export function parseAttempt(reply: unknown): AttemptResult {
-  const r = reply as [number | string, string | number, string?, number?];
+  const r = reply as [number | string, string | number, unknown?, number?];
   if (Number(r[0]) === 1) return { ok: true, token: String(r[1]), fence: Number(r[2]), ttl: Number(r[3]) };
-  return { ok: false, pttl: Number(r[1]) };
+  return Array.isArray(r[2]) ? { ok: false, pttl: Number(r[1]), ahead: r[2].map(String) } : { ok: false, pttl: Number(r[1]) };
 }
+
+/** Tokens of this process's waiters that left a line lately, remembered per locker (see RedisLockStore.left). */
+const LEFT_MAX = 4_096;
 
 /** A waiter of this process, in its key's line. */
 interface LocalWaiter {
@@ -53,6 +56,11 @@ interface LocalWaiter {
   readonly owner: string;
   readonly ttl: number;
   readonly granted: (grant: Grant, since: number) => void;
+  /**
+   * The tokens ahead of it in the key's line in Redis, as its last refusal reported them, less those of this process's
+   * waiters that have left the line since; null when not known (too many were ahead). Empty: it is first in line.
+   */
+  ahead: Set<string> | null;
 }
 
 export class RedisLockStore implements LockStore {
@@ -61,6 +69,14 @@ export class RedisLockStore implements LockStore {
   private readonly local = new Map<string, LocalWaiter[]>();
   // Tokens whose waiter gave up while a release naming it may still be on its way.
   private readonly gaveUp = new Set<string>();
+  // Tokens of this process's waiters that left their line (let in, or gave up), oldest first: a refusal computed in
+  // Redis before their leaving landed there may still list them as ahead. Kept far longer than a round trip.
+  private readonly left = new Set<string>();
+  // What the first refusal of a waiter reported as ahead of it, until the waiter registers with waitHere.
+  private readonly firstAhead = new Map<string, Set<string> | null>();
+  // Hand-overs need commands to run in the order they are sent: a standalone connection gives that, a Cluster client
+  // (redirections) does not.
+  private readonly ordered: boolean;
 
   constructor(
     private readonly client: RedisClient,
@@ -69,6 +85,7 @@ export class RedisLockStore implements LockStore {
     private readonly driftFactor: number,
   ) {
     this.wakeups = WakeupShare.of(client, timeout);
+    this.ordered = (client as { isCluster?: boolean }).isCluster !== true;
   }
 
   attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
@@ -86,7 +103,13 @@ export class RedisLockStore implements LockStore {
         const r = parseAttempt(late);
         if (r.ok && r.token === token) this.releaseScript(n, token).catch(() => undefined);
       },
-      parseAttempt,
+      queue
+        ? (reply) => {
+            const r = parseAttempt(reply);
+            if (!r.ok) this.noteAhead(key, token, r.ahead);
+            return r;
+          }
+        : parseAttempt,
     );
   }
 
@@ -101,9 +124,15 @@ export class RedisLockStore implements LockStore {
     return left < 0 ? null : left;
   }
 
-  release(key: string, token: string): Promise<boolean> {
+  release(key: string, token: string, from?: Releasing): Promise<boolean> {
     const n = lockNames(this.prefix, key);
     const heir = this.local.get(key)?.[0];
+    if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered) {
+      const now = this.now();
+      // The heir is covered by the releasing lease until that ends, and by its own once Redis has recorded it.
+      const expiresAt = Math.min(from.expiresAt, now + heir.ttl - this.drift(heir.ttl));
+      if (expiresAt - now >= heir.ttl / 2) return this.handOver(n, key, token, heir, from.fence + 1, now, expiresAt);
+    }
     // The reply is 0 (not held), 1 (released), or {1, fence} when the lock went straight to `heir`.
     let handOff: ((reply: unknown) => void) | undefined;
     if (heir !== undefined) {
@@ -119,7 +148,10 @@ export class RedisLockStore implements LockStore {
   }
 
   waitHere(key: string, token: string, owner: string, ttl: number, granted: LocalWaiter['granted']): (acquired: boolean) => void {
-    const waiter: LocalWaiter = { token, owner, ttl, granted };
+    const ahead = this.firstAhead.get(token) ?? null;
+    this.firstAhead.delete(token);
+    if (ahead !== null) for (const t of ahead) if (this.left.has(t)) ahead.delete(t);
+    const waiter: LocalWaiter = { token, owner, ttl, granted, ahead };
     let line = this.local.get(key);
     if (line === undefined) {
       line = [];
@@ -165,7 +197,55 @@ export class RedisLockStore implements LockStore {
     if (i < 0) return false;
     line!.splice(i, 1);
     if (line!.length === 0) this.local.delete(key);
+    // Out of the line: those behind it here stop counting it as ahead of them.
+    if (this.left.size >= LEFT_MAX) this.left.delete(this.left.values().next().value as string);
+    this.left.add(waiter.token);
+    for (const w of line!) w.ahead?.delete(waiter.token);
     return true;
+  }
+
+  /** A queued attempt of `token` was refused; `ahead`: the tokens ahead of it in the line, if the reply listed them. */
+  private noteAhead(key: string, token: string, ahead: readonly string[] | undefined): void {
+    let set: Set<string> | null = null;
+    if (ahead !== undefined) {
+      set = new Set();
+      for (const t of ahead) if (!this.left.has(t)) set.add(t);
+    }
+    const waiter = this.local.get(key)?.find((w) => w.token === token);
+    if (waiter !== undefined) {
+      waiter.ahead = set;
+      return;
+    }
+    // Its first refusal: waitHere follows at once. Bounded in case it does not (the waiter gave up meanwhile).
+    if (this.firstAhead.size >= LEFT_MAX) this.firstAhead.clear();
+    this.firstAhead.set(token, set);
+  }
+
+  /**
+   * Lets `heir`, first in the key's line, in at once with `fence`, then records the hand-over in Redis (TRANSFER). Until
+   * its reply the heir's lease runs on the releasing one (`expiresAt`): the lock stays under the releasing token there,
+   * so nobody else can take it. Resolves whether the releasing token held the lock.
+   */
+  private handOver(n: LockNames, key: string, token: string, heir: LocalWaiter, fence: number, since: number, expiresAt: number): Promise<boolean> {
+    let settle!: (expiresAt: number | null) => void;
+    const confirmation = new Promise<number | null>((resolve) => (settle = resolve));
+    this.dropLocal(key, heir);
+    heir.granted({ ok: true, token: heir.token, fence, ttl: heir.ttl, expiresAt, confirmation }, since);
+    const recorded = (reply: unknown): boolean => {
+      const r = Number(reply);
+      settle(r === 1 ? since + heir.ttl - this.drift(heir.ttl) : null);
+      return r !== 0;
+    };
+    return this.call(
+      'release',
+      () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], [token, heir.token, fence, heir.ttl, ownerName(heir.owner)]),
+      recorded,
+      recorded,
+    ).catch(() => {
+      // Not recorded (yet): the heir keeps the releasing lease's time, and a late reply still settles it. For the
+      // releasing holder the lock has passed on either way.
+      return true;
+    });
   }
 
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */

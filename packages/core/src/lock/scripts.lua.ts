@@ -12,6 +12,9 @@ export const FENCE_RETENTION_MS = 3_600_000;
 /** The acquire script renews a fence key's expiry once per this many µs of fences (see ACQUIRE). */
 export const FENCE_RENEW_US = 60_000_000;
 
+/** A refused waiter is told the tokens ahead of it in the line when there are at most this many (see TRANSFER). */
+export const AHEAD_MAX = 16;
+
 /**
  * Ms a queued waiter stays in line without re-attempting. Waiters re-attempt at least every second (the polling
  * fallback), so only a waiter that crashed or went away drops out, after at most this long.
@@ -22,6 +25,7 @@ export const QUEUE_HEARTBEAT_MS = 3_000;
 // little on every call. A lock's wake-up channel is its name plus ':w' (lockNames), so it is not sent either.
 const CONSTANTS = `
 local retention = ${FENCE_RETENTION_MS}  -- ms the fence key outlives the lease
+local aheadMax = ${AHEAD_MAX}  -- a refused waiter is told who is ahead of it in line when at most this many are
 local renewUs = ${FENCE_RENEW_US}  -- µs: a fence in a new one of these renews the fence key's expiry
 local heartbeat = ${QUEUE_HEARTBEAT_MS}  -- ms a queued waiter stays queued without re-attempting
 `;
@@ -118,6 +122,16 @@ local function join()
   redis.call('PEXPIRE', deadlinesKey, heartbeat)
 end
 
+-- A refusal. A queued waiter also learns who is ahead of it in the line (when few are), so that a release in its own
+-- process can tell once it is first, and let it in at once (see TRANSFER).
+local function refused(pttl)
+  if queue ~= '1' then return {0, pttl} end
+  local rank = redis.call('ZRANK', queueKey, token)
+  if not rank or rank > aheadMax then return {0, pttl} end
+  if rank == 0 then return {0, pttl, {}} end
+  return {0, pttl, redis.call('ZRANGE', queueKey, 0, rank - 1)}
+end
+
 local function proposal()
   if floor ~= '' then return floor end
   now = now or clock()
@@ -145,14 +159,14 @@ if cur then
   join()
   -- Whoever waits for a release must hear it: Redlock waiters ('') and queued ones ('1').
   if w == '0' and queue ~= '0' then redis.call('SET', lockKey, record(t, f, n, 1, o), 'XX', 'KEEPTTL') end
-  return {0, redis.call('PTTL', lockKey)}
+  return refused(redis.call('PTTL', lockKey))
 end
 
 -- Free, with a line: the first live waiter's turn.
 local head = firstLive(queueKey, deadlinesKey)
 if head and head ~= token then
   join()
-  return {0, -1}
+  return refused(-1)
 end
 local waiters = 0
 if head then
@@ -234,6 +248,57 @@ if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
 local nf = string.format('%d', now)
 redis.call('SET', lockKey, record(heir, nf, 1, waiters, heirOwner), 'PX', heirTtl)
 return {1, fenced(lockKey, fenceKey, heir, heirOwner, nf, heirTtl, retention, waiters)}
+`, { sharedClock: true });
+
+/**
+ * Hand the lock from `from` to `to`, a waiter that the releasing process has already let in with fence `fence` (one
+ * above the lock's) because it knew `to` was first in line: see "Hand-offs within a process" in the README. `from` held
+ * it without nesting (no owner) when the release was sent; this only records the hand-over, so it must not let anyone
+ * else in. Idempotent: 1 once `to` holds the lock (now for `ttl` ms); 0 when `from` no longer held it (its lease had
+ * ended, so `to` was never covered by it and gets nothing); -1 when `from` held it but the fence key has moved past
+ * `fence` (nothing in hasp does that while a lease holds), so the lock was freed instead.
+ */
+export const TRANSFER = new Script(`
+local lockKey = KEYS[1]              -- the lock
+local queueKey = KEYS[2]             -- waiters: token -> arrival µs
+local deadlinesKey = KEYS[3]         -- waiters: token -> heartbeat deadline µs
+local fenceKey = KEYS[4]             -- last fence handed out
+local from = ARGV[1]                 -- the releasing holder's token
+local to = ARGV[2]                   -- the waiter let in
+local fence = ARGV[3]                -- its fence
+local ttl = tonumber(ARGV[4])        -- its lease time in ms
+local owner = ARGV[5]                -- its reentrancy owner
+local channel = lockKey .. ':w'      -- wake-up channel of this key
+${CONSTANTS}local now = nil
+${FIRST_LIVE}
+local cur = redis.call('GET', lockKey)
+local t, f, n, w, o
+if cur then t, f, n, w, o = parse(cur) end
+if t == to then return 1 end
+redis.call('ZREM', queueKey, to)
+redis.call('HDEL', deadlinesKey, to)
+local function wakeNext()
+  local head = firstLive(queueKey, deadlinesKey)
+  if head then redis.call('PUBLISH', channel, head) end
+end
+if t ~= from then
+  if not cur then wakeNext() end
+  return 0
+end
+if n ~= 1 or tonumber(redis.call('GET', fenceKey) or '0') >= tonumber(fence) then
+  if n ~= 1 then
+    redis.call('SET', lockKey, record(t, f, n - 1, w, o), 'XX', 'KEEPTTL')
+  else
+    redis.call('DEL', lockKey)
+    wakeNext()
+  end
+  return -1
+end
+local waiters = 0
+if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
+redis.call('SET', lockKey, record(to, fence, 1, waiters, owner), 'PX', ttl)
+redis.call('SET', fenceKey, fence, 'PX', ttl + retention + renewUs / 1000)
+return 1
 `, { sharedClock: true });
 
 /**

@@ -9,12 +9,32 @@ export type AttemptResult =
       readonly fence: number;
       /** Ms the lock is held for, counted from when the attempt was sent, before drift is taken off. */
       readonly ttl: number;
+      /**
+       * A lock let in by a release in this process before the store recorded it (see `Releasing`): when its lease ends
+       * (store clock) until the store confirms; this replaces the time `ttl` gives.
+       */
+      readonly expiresAt?: number;
+      /** Settles once the store has recorded such a hand-over: the lease's new end, or null when it did not take. */
+      readonly confirmation?: Promise<number | null>;
     }
   | {
       readonly ok: false;
       /** Holder's remaining ms when known, else -1. */
       readonly pttl: number;
+      /** A queued attempt: the tokens ahead of it in the key's line, when the store says (empty: it is first). */
+      readonly ahead?: readonly string[];
     };
+
+/**
+ * The lease being released, for a store that may let a waiter of this process in at once: possible only while the lease
+ * still holds (so the lock cannot be taken elsewhere before the store records the hand-over) and cannot be nested.
+ */
+export interface Releasing {
+  /** Its fence: the waiter let in gets the next one. */
+  readonly fence: number;
+  /** When it ends (store clock, drift taken off). */
+  readonly expiresAt: number;
+}
 
 /** A successful attempt. */
 export type Grant = Extract<AttemptResult, { ok: true }>;
@@ -31,8 +51,11 @@ export interface LockStore {
   leave(key: string, token: string): Promise<void>;
   /** Makes the lock live at least `ttl` more ms if `token` still holds it; the new remaining ms, or null when not held. */
   extend(key: string, token: string, ttl: number): Promise<number | null>;
-  /** Drops one hold of `token` (the lock is freed at zero holds); whether `token` held the lock. */
-  release(key: string, token: string): Promise<boolean>;
+  /**
+   * Drops one hold of `token` (the lock is freed at zero holds); whether `token` held the lock. `from` is given when the
+   * lease has not ended and has no owner (so it is the lock's only hold).
+   */
+  release(key: string, token: string, from?: Releasing): Promise<boolean>;
   /**
    * Calls `wake` when `key` may have been freed, with the token of the waiter it was handed to ('' when anyone may try). Resolves once listening is active; rejects if it cannot be set up,
    * in which case the waiter polls.
