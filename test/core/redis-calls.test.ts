@@ -59,6 +59,35 @@ function twoLockers(prefix: string, options: { ttl?: number } = {}): { ours: Red
   };
 }
 
+/** A RedisLock (ttl 20 s, timeout 300 ms) on a server of its own, which the test may pause, and a client to look with. */
+async function pausableLock(tag: string) {
+  const own = await startRedis();
+  const client = own.client();
+  const probe = own.client();
+  await Promise.all([client.ping(), probe.ping()]);
+  const prefix = uniquePrefix(tag);
+  const locks = new RedisLock(client, { prefix, ttl: 20_000, timeout: 300 });
+  const names = lockNames(prefix, 'k');
+  return {
+    own,
+    client,
+    probe,
+    names,
+    locks,
+    /** Redis has recorded `lease` as the holder of `k` (its token, fence and full ttl), with nobody left in line. */
+    async expectHolder(lease: Lease): Promise<void> {
+      expect((await probe.get(names.lock))?.startsWith(`${lease.token} ${lease.fence} 1 0 `)).toBe(true);
+      expect(await probe.get(names.fence)).toBe(String(lease.fence));
+      expect(await probe.pttl(names.lock)).toBeGreaterThan(19_000);
+      expect(await probe.zcard(names.queue)).toBe(0);
+    },
+    async close(): Promise<void> {
+      locks.close();
+      await own.stop();
+    },
+  };
+}
+
 /**
  * Whether each lease got its own call's reply: its key's lock in Redis holds its token and fence. (Fences alone cannot
  * tell: the calls of one merged command read one clock, so leases on different keys may share a fence.)
@@ -552,13 +581,8 @@ describe('Redis calls', () => {
   });
 
   it('lets a waiter of the releasing locker that is first in line in at once, before Redis answers, and keeps it on once Redis has recorded it', async () => {
-    const own = await startRedis();
-    const client = own.client();
-    const probe = own.client();
-    await Promise.all([client.ping(), probe.ping()]);
-    const prefix = uniquePrefix('hand-over');
-    const names = lockNames(prefix, 'k');
-    const locks = new RedisLock(client, { prefix, ttl: 20_000, timeout: 300 });
+    const t = await pausableLock('hand-over');
+    const { own, client, probe, names, locks } = t;
     try {
       const held = await locks.acquire('k');
       const waiter = locks.acquire('k', { wait: 10_000 });
@@ -584,27 +608,18 @@ describe('Redis calls', () => {
       }
       // Redis records it once it runs again (the reply comes after the timeout): the lease gets its own 20 s.
       await until(() => Promise.resolve(next.expiresAt > held.expiresAt), 3_000, 'the hand-over to be recorded');
-      expect((await probe.get(names.lock))?.startsWith(`${next.token} ${next.fence} 1 0 `)).toBe(true);
-      expect(await probe.get(names.fence)).toBe(String(next.fence));
-      expect(await probe.pttl(names.lock)).toBeGreaterThan(19_000);
-      expect(await probe.zcard(names.queue)).toBe(0);
+      await t.expectHolder(next);
       expect(next.signal.aborted).toBe(false);
       expect(await next.release()).toBe(true);
       expect(await probe.exists(names.lock)).toBe(0);
     } finally {
-      locks.close();
-      await own.stop();
+      await t.close();
     }
   });
 
   it('passes the lock down a line of its own waiters with Redis paused, and Redis then records every hand-over in order', async () => {
-    const own = await startRedis();
-    const client = own.client();
-    const probe = own.client();
-    await Promise.all([client.ping(), probe.ping()]);
-    const prefix = uniquePrefix('hand-over-line');
-    const names = lockNames(prefix, 'k');
-    const locks = new RedisLock(client, { prefix, ttl: 20_000, timeout: 300 });
+    const t = await pausableLock('hand-over-line');
+    const { own, client, probe, names, locks } = t;
     try {
       const held = await locks.acquire('k');
       const waiters: Promise<Lease>[] = [];
@@ -630,15 +645,12 @@ describe('Redis calls', () => {
       }
       const last = leases[3]!;
       await until(() => Promise.resolve(last.expiresAt > held.expiresAt), 3_000, 'the hand-overs to be recorded');
-      expect((await probe.get(names.lock))?.startsWith(`${last.token} ${last.fence} 1 0 `)).toBe(true);
-      expect(await probe.get(names.fence)).toBe(String(last.fence));
-      expect(await probe.zcard(names.queue)).toBe(0);
+      await t.expectHolder(last);
       expect(leases.map((l) => l.signal.aborted)).toEqual([true, true, true, false]);
       expect(await last.release()).toBe(true);
       expect(await probe.exists(names.lock)).toBe(0);
     } finally {
-      locks.close();
-      await own.stop();
+      await t.close();
     }
   });
 
