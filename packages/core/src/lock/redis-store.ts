@@ -48,7 +48,7 @@ export function parseAttempt(reply: unknown): AttemptResult {
 }
 
 /** Tokens of this process's waiters that left a line lately, remembered per locker (see RedisLockStore.left). */
-const LEFT_MAX = 4_096;
+const LEFT_MAX = 1_024;
 
 /** A waiter of this process, in its key's line. */
 interface LocalWaiter {
