@@ -206,6 +206,8 @@ export class RedisLockStore implements LockStore {
 
   /** A queued attempt of `token` was refused; `ahead`: the tokens ahead of it in the line, if the reply listed them. */
   private noteAhead(key: string, token: string, ahead: readonly string[] | undefined): void {
+    // Let in meanwhile (this refusal was on its way): nothing to note.
+    if (this.left.has(token)) return;
     let set: Set<string> | null = null;
     if (ahead !== undefined) {
       set = new Set();
