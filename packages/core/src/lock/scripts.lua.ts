@@ -70,6 +70,15 @@ local function firstLive(queueKey, deadlinesKey)
 end
 `;
 
+// Wakes the first live waiter of a lock that was just freed by anything but a release (which may hand it over instead).
+// After FIRST_LIVE; needs \`queueKey\`, \`deadlinesKey\` and \`channel\`.
+const WAKE_FIRST = `
+local function wakeFirst()
+  local head = firstLive(queueKey, deadlinesKey)
+  if head then redis.call('PUBLISH', channel, head) end
+end
+`;
+
 /** Take the lock, re-enter it as the same owner, or report the holder's remaining ms (-1: unknown, a waiter is first). */
 export const ACQUIRE = new Script(`
 local lockKey = KEYS[1]              -- the lock
@@ -270,28 +279,25 @@ local ttl = tonumber(ARGV[4])        -- its lease time in ms
 local owner = ARGV[5]                -- its reentrancy owner
 local channel = lockKey .. ':w'      -- wake-up channel of this key
 ${CONSTANTS}local now = nil
-${FIRST_LIVE}
+${FIRST_LIVE}${WAKE_FIRST}
 local cur = redis.call('GET', lockKey)
 local t, f, n, w, o
 if cur then t, f, n, w, o = parse(cur) end
 if t == to then return 1 end
 redis.call('ZREM', queueKey, to)
 redis.call('HDEL', deadlinesKey, to)
-local function wakeNext()
-  local head = firstLive(queueKey, deadlinesKey)
-  if head then redis.call('PUBLISH', channel, head) end
-end
 if t ~= from then
-  if not cur then wakeNext() end
+  if not cur then wakeFirst() end
   return 0
 end
-if n ~= 1 or tonumber(redis.call('GET', fenceKey) or '0') >= tonumber(fence) then
-  if n ~= 1 then
-    redis.call('SET', lockKey, record(t, f, n - 1, w, o), 'XX', 'KEEPTTL')
-  else
-    redis.call('DEL', lockKey)
-    wakeNext()
-  end
+-- Nested (an owner re-entered it): not the only hold after all, so only this one is dropped, as a release would.
+if n ~= 1 then
+  redis.call('SET', lockKey, record(t, f, n - 1, w, o), 'XX', 'KEEPTTL')
+  return -1
+end
+if tonumber(redis.call('GET', fenceKey) or '0') >= tonumber(fence) then
+  redis.call('DEL', lockKey)
+  wakeFirst()
   return -1
 end
 local waiters = 0
@@ -312,21 +318,17 @@ local deadlinesKey = KEYS[3]   -- waiters: token -> heartbeat deadline µs
 local token = ARGV[1]          -- the waiter's token
 local channel = lockKey .. ':w'  -- wake-up channel of this key
 local now = nil
-${FIRST_LIVE}
+${FIRST_LIVE}${WAKE_FIRST}
 -- A release in our process may have handed us the lock while we were giving up: pass it on.
 local cur = redis.call('GET', lockKey)
 if cur and parse(cur) == token then
   redis.call('DEL', lockKey)
-  local head = firstLive(queueKey, deadlinesKey)
-  if head then redis.call('PUBLISH', channel, head) end
+  wakeFirst()
   return 1
 end
 if redis.call('ZREM', queueKey, token) == 0 then return 0 end
 redis.call('HDEL', deadlinesKey, token)
-if redis.call('EXISTS', lockKey) == 0 then
-  local head = firstLive(queueKey, deadlinesKey)
-  if head then redis.call('PUBLISH', channel, head) end
-end
+if redis.call('EXISTS', lockKey) == 0 then wakeFirst() end
 return 1
 `, { sharedClock: true });
 
