@@ -178,6 +178,31 @@ describe('wake-ups on a Cluster', () => {
   });
 });
 
+describe('hand-offs within a process on a Cluster', () => {
+  it('go through Redis (its redirections can reorder commands): the waiter’s fence comes from the server clock, not the released one + 1', async () => {
+    await withClient(async (client) => {
+      const prefix = uniquePrefix('cluster-hand-off');
+      const locks = new RedisLock(client, { prefix, ttl: 20_000 });
+      try {
+        for (const key of [...(await keysPerMaster(client, 'hand-off', (k) => lockNames(prefix, k).lock)).values()].flat()) {
+          const held = await locks.acquire(key);
+          const waiter = locks.acquire(key, { wait: 10_000 });
+          await until(async () => (await client.zcard(lockNames(prefix, key).queue)) === 1, 5_000, `the waiter on ${key} to queue`);
+          // Its refusal (which says it is first in line) has been read by now.
+          await client.get(lockNames(prefix, key).lock);
+          expect(await held.release()).toBe(true);
+          const next = await within(waiter, 5_000, `the waiter on ${key}`);
+          // Let in at once, it would have the released fence + 1; handed over by Redis, the clock (µs) is far past that.
+          expect(next.fence).toBeGreaterThan(held.fence + 1);
+          expect(await next.release()).toBe(true);
+        }
+      } finally {
+        locks.close();
+      }
+    });
+  });
+});
+
 describe('ioredis keyPrefix on a Cluster', () => {
   it('puts the keyPrefix in front of every name, and a release still wakes a waiter at once', async () => {
     const keyPrefix = uniquePrefix('kp');
