@@ -1,10 +1,11 @@
 // How hasp talks to Redis on its hot path: calls made together go out merged into one command, a script's first call on
 // a connection is one EVAL (no NOSCRIPT round trip), and every call still fails within its timeout on a frozen server.
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LockBusyError, LockLostError, LockUnavailableError, RedisLock, Redlock, TokenBucket, type Lease, type LockErrorEvent } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { FENCE_RENEW_US, FENCE_RETENTION_MS } from '../../packages/core/src/lock/scripts.lua.js';
+import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { abortReason, commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
 
@@ -59,17 +60,22 @@ function twoLockers(prefix: string, options: { ttl?: number } = {}): { ours: Red
   };
 }
 
-/** A RedisLock (ttl 20 s, timeout 1 s) on a server of its own, which the test may pause, and a client to look with. */
-async function pausableLock(tag: string) {
+/**
+ * A RedisLock (ttl 20 s, timeout 1 s unless given) on a server of its own, which the test may pause, and a client to
+ * look with. The locker's client talks through a proxy that reports what it sends.
+ */
+async function pausableLock(tag: string, timeout = 1_000) {
   const own = await startRedis();
-  const client = own.client();
+  const proxy = await startProxy(own.port);
+  const client = new Redis({ host: '127.0.0.1', port: proxy.port });
   const probe = own.client();
   await Promise.all([client.ping(), probe.ping()]);
   const prefix = uniquePrefix(tag);
-  const locks = new RedisLock(client, { prefix, ttl: 20_000, timeout: 1_000 });
+  const locks = new RedisLock(client, { prefix, ttl: 20_000, timeout });
   const names = lockNames(prefix, 'k');
   return {
     own,
+    proxy,
     client,
     probe,
     names,
@@ -91,6 +97,8 @@ async function pausableLock(tag: string) {
     },
     async close(): Promise<void> {
       locks.close();
+      client.disconnect();
+      await proxy.close();
       await own.stop();
     },
   };
@@ -622,6 +630,44 @@ describe('Redis calls', () => {
       expect(await next.release()).toBe(true);
       expect(await probe.exists(names.lock)).toBe(0);
     } finally {
+      await t.close();
+    }
+  });
+
+  it("lets its waiter in at once while that waiter's own attempt is unanswered, and the attempt's timeout does not fail it", async () => {
+    // A 5 s timeout: the waiter must get the lock long before its attempt would time out.
+    const t = await pausableLock('hand-over-in-flight', 5_000);
+    const { own, proxy, probe, names, locks } = t;
+    const unhandled: unknown[] = [];
+    const onRejection = (reason: unknown) => unhandled.push(reason);
+    process.on('unhandledRejection', onRejection);
+    try {
+      const held = await locks.acquire('k');
+      const waiter = locks.acquire('k', { wait: 30_000 });
+      await t.scriptsRun(3);
+      let next: Lease;
+      own.pause();
+      try {
+        // With Redis paused no wake-up gets through: the waiter's next attempt is its poll, within a second.
+        await within(proxy.sent('evalsha'), 3_000, "the waiter's next attempt");
+        const released = held.release();
+        next = await within(waiter, 2_500, 'the waiter, its attempt unanswered');
+        expect(next.fence).toBe(held.fence + 1);
+        expect(next.signal.aborted).toBe(false);
+        // The release and the attempt both time out now (5 s); the lease is the waiter's all the same.
+        expect(await within(released, 8_000, 'the release')).toBe(true);
+      } finally {
+        own.resume();
+      }
+      // Redis refuses the late attempt (the releasing lease still held the lock then), then records the hand-over.
+      await until(() => Promise.resolve(next.expiresAt > held.expiresAt), 3_000, 'the hand-over to be recorded');
+      await t.expectHolder(next);
+      expect(next.signal.aborted).toBe(false);
+      expect(await next.release()).toBe(true);
+      expect(await probe.exists(names.lock)).toBe(0);
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', onRejection);
       await t.close();
     }
   });

@@ -12,6 +12,8 @@ export interface Proxy {
    * the server sends back on it is dropped, as if it were lost on the way.
    */
   swallowRepliesAfter(command: string): void;
+  /** Resolves when a client next sends `command` (a RESP command name, any case) through the proxy. */
+  sent(command: string): Promise<void>;
   /** Closes the listener and every connection. */
   close(): Promise<void>;
 }
@@ -20,6 +22,7 @@ export interface Proxy {
 export async function startProxy(target: number): Promise<Proxy> {
   const sockets = new Set<net.Socket>();
   let swallow: RegExp | undefined;
+  const watchers = new Set<{ pattern: RegExp; seen: () => void }>();
   const server = net.createServer((client) => {
     const upstream = net.connect({ host: '127.0.0.1', port: target });
     let deaf = false;
@@ -33,7 +36,13 @@ export async function startProxy(target: number): Promise<Proxy> {
     }
     client.on('data', (chunk: Buffer) => {
       // RESP arrays name the command as a bulk string: "$9\r\nsubscribe\r\n".
-      if (swallow?.test(chunk.toString('latin1'))) deaf = true;
+      const text = chunk.toString('latin1');
+      if (swallow?.test(text)) deaf = true;
+      for (const w of watchers) {
+        if (!w.pattern.test(text)) continue;
+        watchers.delete(w);
+        w.seen();
+      }
       upstream.write(chunk);
     });
     upstream.on('data', (chunk: Buffer) => {
@@ -47,11 +56,19 @@ export async function startProxy(target: number): Promise<Proxy> {
       for (const s of sockets) s.destroy();
     },
     swallowRepliesAfter(command) {
-      swallow = new RegExp(`\\r\\n${command}\\r\\n`, 'i');
+      swallow = commandPattern(command);
+    },
+    sent(command) {
+      return new Promise((resolve) => watchers.add({ pattern: commandPattern(command), seen: resolve }));
     },
     close() {
       for (const s of sockets) s.destroy();
       return new Promise((resolve) => server.close(() => resolve()));
     },
   };
+}
+
+/** Matches a RESP chunk that names `command` as a bulk string. */
+function commandPattern(command: string): RegExp {
+  return new RegExp(`\\r\\n${command}\\r\\n`, 'i');
 }

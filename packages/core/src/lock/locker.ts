@@ -35,6 +35,9 @@ export function resolveLockerOptions(options: LockerOptions): ResolvedLockerOpti
   };
 }
 
+// What an attempt raced against a hand-over in this process resolves to when the hand-over came first.
+const HANDED = Symbol('handed');
+
 interface CallOptions {
   ttl: number;
   wait: number;
@@ -119,6 +122,7 @@ export abstract class BaseLocker implements Locker {
     // A lock a release in this process handed straight to us (see LockStore.waitHere), and how to stop waiting there.
     let handed: { grant: Grant; since: number } | undefined;
     let endWaitHere: ((acquired: boolean) => void) | undefined;
+    let handedSignal: Promise<typeof HANDED> | undefined;
     const onWake = (next: string) => {
       // A release names the waiter it is handed to; the others keep sleeping.
       if (next !== '' && next !== token) return;
@@ -143,13 +147,18 @@ export abstract class BaseLocker implements Locker {
         }
         woken = false;
         const started = this.store.now();
-        let result: AttemptResult;
+        let result: AttemptResult | typeof HANDED;
         try {
-          result = await this.store.attempt(key, token, o.owner, o.ttl, queue);
+          const attempt = this.store.attempt(key, token, o.owner, o.ttl, queue);
+          // Registered in this process's line: a release here may let us in while this attempt is on its way (say,
+          // with Redis slow to answer). Take the lock then; the attempt's reply, or its failure, no longer matters.
+          result = await (handedSignal === undefined ? attempt : Promise.race([attempt, handedSignal]));
         } catch (error) {
+          if (handed !== undefined) continue;
           storeFailed = true;
           throw error;
         }
+        if (result === HANDED) continue;
         if (result.ok) {
           acquired = true;
           return this.lease(key, result, started, o);
@@ -157,9 +166,12 @@ export abstract class BaseLocker implements Locker {
         if (handed !== undefined) continue;
         if (queue && endWaitHere === undefined && this.store.waitHere !== undefined) {
           // We are in the line now: a release in this process may hand us the lock directly.
+          let onHanded!: (h: typeof HANDED) => void;
+          handedSignal = new Promise((resolve) => (onHanded = resolve));
           endWaitHere = this.store.waitHere(key, token, o.owner, o.ttl, (grant, since) => {
             handed = { grant, since };
             woken = true;
+            onHanded(HANDED);
             wake?.();
           });
         }
