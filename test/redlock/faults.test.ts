@@ -9,10 +9,10 @@ import {
   type Redlock,
   type RedlockOptions,
 } from '../../packages/core/src/index.js';
-import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { lockNames, ownerName } from '../../packages/core/src/lock/redis-store.js';
 import { RELEASE } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedisNodes, stopAll } from '../harness/redis.js';
-import { abortReason, rejection, until, within } from '../core/helpers.js';
+import { abortReason, rejection, scriptCommands, until, within } from '../core/helpers.js';
 import { freshPrefix, Nodes, timed, trackUnhandled } from './support.js';
 
 let nodes: Nodes;
@@ -197,7 +197,7 @@ describe('Redlock with a minority of nodes down', () => {
     }
   });
 
-  it('keeps extending when the lock vanished from a minority, and loses it once a majority lost it', async () => {
+  it('keeps extending when the lock vanished from a minority, puts it back there, and loses it once a majority lost it', async () => {
     const prefix = freshPrefix('vanish');
     const { locker } = redlock({ prefix });
     const lease = await locker.acquire('k', { ttl: 10_000 });
@@ -207,11 +207,80 @@ describe('Redlock with a minority of nodes down', () => {
     await Promise.all([3, 4].map((i) => nodes.admins[i]!.del(name)));
     await lease.extend();
     expect(lease.signal.aborted).toBe(false);
-    await nodes.admins[2]!.del(name);
+    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock back on every node');
+    await Promise.all([0, 1, 2].map((i) => nodes.admins[i]!.del(name)));
     const lost = await rejection(lease.extend());
     expect(lost).toBeInstanceOf(LockLostError);
     expect(lease.signal.reason).toBeInstanceOf(LockLostError);
     expect(await lease.release()).toBe(false);
+  });
+});
+
+describe('Redlock nodes restarted empty', () => {
+  it.each([
+    ['without an owner', undefined],
+    ['with an owner', 'w1'],
+  ])('put a held lock back at the next extension, so a lease %s outlives every node restarting empty in turn', async (_, owner) => {
+    const prefix = freshPrefix('restore');
+    const { locker, clients } = redlock({ prefix });
+    const other = redlock({ prefix });
+    const lease = await locker.acquire('k', { ttl: 10_000, owner });
+    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    for (const i of [0, 1, 2, 3, 4]) {
+      await nodes.kill([i], [clients, other.clients]);
+      await nodes.restart([i], [clients, other.clients]);
+      expect(await nodes.lockOn(i, prefix, 'k')).toBeNull();
+      // Without the lock put back, the third restart leaves it on two nodes: that extension finds it lost.
+      await lease.extend();
+      await until(async () => (await nodes.lockOn(i, prefix, 'k')) !== null, 2_000, `the lock back on node ${i}`);
+      expect(await nodes.lockOn(i, prefix, 'k')).toEqual({ t: lease.token, f: String(lease.fence), n: '1', w: '0', o: ownerName(owner ?? '') });
+      expect(await nodes.fenceOn(i, prefix, 'k')).toBe(lease.fence);
+    }
+    expect(lease.signal.aborted).toBe(false);
+    expect(await other.locker.tryAcquire('k', { owner: 'w2' })).toBeNull();
+    expect(await lease.release()).toBe(true);
+    expect(await nodes.holders(prefix, 'k')).toEqual([]);
+    const next = await other.locker.acquire('k');
+    expect(next.fence).toBeGreaterThan(lease.fence);
+    expect(await next.release()).toBe(true);
+  });
+
+  it('leaves a node alone where someone else holds the key, and counts only the nodes that kept the lock', async () => {
+    const prefix = freshPrefix('restore-taken');
+    const { locker } = redlock({ prefix });
+    const lease = await locker.acquire('k', { ttl: 10_000 });
+    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    const name = lockNames(prefix, 'k').lock;
+    // Node 4 lost the lock, and a stray grant of someone else took the key there before the lease extended.
+    await nodes.admins[4]!.set(name, 'stranger 1 1 0 ', 'PX', 10_000);
+    const scripts = await scriptCommands(nodes.admins[4]!);
+    await lease.extend();
+    // Node 4 runs the extension, then the restore, which finds the key taken.
+    await until(async () => (await scriptCommands(nodes.admins[4]!)) >= scripts + 2, 2_000, 'the restore on node 4');
+    expect(await nodes.admins[4]!.get(name)).toBe('stranger 1 1 0 ');
+    expect(await nodes.holders(prefix, 'k')).toEqual([0, 1, 2, 3, 4]);
+    expect(await lease.release()).toBe(true);
+    expect(await nodes.holders(prefix, 'k')).toEqual([4]);
+    await nodes.admins[4]!.del(name);
+  });
+});
+
+describe('Redlock late restores', () => {
+  it('undoes a restore that runs after the lease was released', async () => {
+    const prefix = freshPrefix('restore-late');
+    const { locker } = redlock({ prefix });
+    const lease = await locker.acquire('k', { ttl: 10_000 });
+    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    await nodes.admins[4]!.del(lockNames(prefix, 'k').lock);
+    const scripts = await scriptCommands(nodes.admins[4]!);
+    // Node 4 answers the extension only after the release: the restore goes out, and runs, after the release there.
+    nodes.pause([4]);
+    await lease.extend();
+    expect(await lease.release()).toBe(true);
+    nodes.resume([4]);
+    // The extension, the release, the restore, and the release that undoes it.
+    await until(async () => (await scriptCommands(nodes.admins[4]!)) >= scripts + 4, 3_000, 'the restore and its undo on node 4');
+    expect(await nodes.holders(prefix, 'k')).toEqual([]);
   });
 });
 

@@ -26,6 +26,7 @@ export class LeaseImpl implements Lease {
   private releasing: Promise<boolean> | undefined;
   private released = false;
   private inflightExtend: Promise<unknown> | undefined;
+  private readonly exclusive: boolean;
 
   constructor(
     private readonly store: LockStore,
@@ -35,9 +36,10 @@ export class LeaseImpl implements Lease {
     expiresAt: number,
     private readonly ttl: number,
     private readonly report: (event: LockErrorEvent) => void,
-    /** No owner: this lease is its lock's only hold, so a release frees the lock (or lets a waiter in). */
-    private readonly exclusive = false,
+    /** Its reentrancy owner; '' (none) makes it its lock's only hold, so a release frees the lock (or lets a waiter in). */
+    readonly owner: string,
   ) {
+    this.exclusive = owner === '';
     this.expiry = expiresAt;
     this.armExpiry();
   }
@@ -134,7 +136,7 @@ export class LeaseImpl implements Lease {
 
   private async doExtend(ttl: number): Promise<void> {
     const started = this.store.now();
-    const left = await this.store.extend(this.key, this.token, ttl);
+    const left = await this.store.extend(this.key, this.token, ttl, this);
     if (left === null) {
       const error = new LockLostError(this.key);
       this.lose(error);

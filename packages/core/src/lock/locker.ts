@@ -246,7 +246,7 @@ export abstract class BaseLocker implements Locker {
 
   private lease(key: string, result: Grant, started: number, o: CallOptions): LeaseImpl {
     const expiresAt = result.expiresAt ?? started + result.ttl - this.store.drift(result.ttl);
-    const lease = new LeaseImpl(this.store, key, result.token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner === '');
+    const lease = new LeaseImpl(this.store, key, result.token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner);
     // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
     result.confirmation?.then((at) => {
       if (at === null) lease.lose(new LockLostError(key, 'the lock could not be handed over to this lease: the releasing lease had ended'));

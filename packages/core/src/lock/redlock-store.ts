@@ -13,11 +13,14 @@ import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
-import { ACQUIRE, EXTEND, RAISE_FENCE, RELEASE } from './scripts.lua.js';
-import type { AttemptResult, LockStore } from './store.js';
+import { ACQUIRE, EXTEND, RAISE_FENCE, RELEASE, RESTORE } from './scripts.lua.js';
+import type { AttemptResult, Held, LockStore } from './store.js';
 
 /** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
 const MIN_NODE_TIMEOUT_MS = 100;
+
+/** How many released leases a store remembers, to undo a restore of their lock that ran late (see restore). */
+const RELEASED_MAX = 1_024;
 
 /** Allowance for long keys in the per-node timeout: 1 ms per this many characters of the key's Redis name. */
 const KEY_BYTES_PER_MS = 2_048;
@@ -45,6 +48,8 @@ export class RedlockStore implements LockStore {
   private readonly live = new Map<string, () => void>();
   /** The last fence floor this store proposed, µs. */
   private lastFloor = 0;
+  /** Tokens of leases released lately, oldest first: a lock restored for one of them after its release is undone. */
+  private readonly released = new Set<string>();
 
   constructor(
     private readonly clients: readonly RedisClient[],
@@ -74,27 +79,44 @@ export class RedlockStore implements LockStore {
     return Promise.resolve();
   }
 
-  async extend(key: string, token: string, ttl: number): Promise<number | null> {
+  async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     const timeout = this.nodeTimeout(ttl, n.lock);
     const keys = [n.lock];
     const args = [token, ttl];
+    // Nodes that answered, after the round was decided, that they no longer held the lock; then how to restore it there.
+    const lateMissing: number[] = [];
+    let restore: ((i: number) => void) | undefined;
     const outcomes = await boundedAll(
       this.clients,
       timeout,
       (c) => EXTEND.run(c, keys, args),
       Number,
       (o) => count(o, (v) => v >= 0) >= q || count(o, (v) => v < 0) > this.clients.length - q,
+      (i, v) => {
+        if (v >= 0) return;
+        if (restore !== undefined) restore(i);
+        else lateMissing.push(i);
+      },
     );
     const kept = values(outcomes).filter((v) => v >= 0);
-    if (kept.length >= q) return kthLargest(kept, q);
+    if (kept.length >= q) {
+      if (held !== undefined) {
+        restore = (i) => this.restore(i, n, token, ttl, held);
+        for (const [i, o] of outcomes.entries()) if (o?.ok && o.value < 0) restore(i);
+        for (const i of lateMissing) restore(i);
+      }
+      return kthLargest(kept, q);
+    }
     if (count(outcomes, (v) => v < 0) > this.clients.length - q) return null;
     throw this.unavailable('extend', outcomes);
   }
 
   async release(key: string, token: string): Promise<boolean> {
     this.live.get(token)?.();
+    if (this.released.size >= RELEASED_MAX) this.released.delete(this.released.values().next().value as string);
+    this.released.add(token);
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     // Release goes to every node, including those that never answered the acquire, and settles once the answer is
@@ -277,6 +299,22 @@ export class RedlockStore implements LockStore {
     timer.unref();
     this.live.set(token, end);
     return lease;
+  }
+
+  /**
+   * After an extension that kept the lock on a quorum: puts it back on node `i`, which answered that it no longer held
+   * it (restarted empty, say), so that a long-held lease keeps its majority while nodes restart one after another.
+   * Best effort, and it decides nothing: the extension's outcome counts only the nodes that kept the lock. A node where
+   * someone else holds the key is left alone. Should the restore run after the lease's release (ioredis re-sends a
+   * command after a reconnect), it is undone.
+   */
+  private restore(i: number, n: LockNames, token: string, ttl: number, held: Held): void {
+    const c = this.clients[i]!;
+    const done = (restored: unknown) => {
+      if (Number(restored) === 1 && this.released.has(token)) this.releaseOn(c, n, token, this.s.timeout).catch(() => undefined);
+    };
+    const args = [token, ttl, String(held.fence), ownerName(held.owner)];
+    bounded(c, this.s.timeout, () => RESTORE.run(c, [n.lock, n.fence], args), done, done).catch(() => undefined);
   }
 
   /** Writes the agreed fence to the nodes that granted; true when a quorum recorded it. */

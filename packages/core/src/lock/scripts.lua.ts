@@ -352,3 +352,23 @@ end
 redis.call('SET', lockKey, record(t, fence, n, w, o), 'XX', 'KEEPTTL')
 return 1
 `);
+
+/**
+ * Redlock: put a live lease's lock back on a node that lost it (restarted empty, say), so that a lease kept by extension
+ * keeps a majority while nodes restart one after another. Only where the key is free (someone else's stray grant is
+ * left alone), as one hold, with the lease's fence; the node's fence key is raised to it if below. 1 when restored.
+ */
+export const RESTORE = new Script(`
+local lockKey = KEYS[1]              -- the lock
+local fenceKey = KEYS[2]             -- last fence handed out for this key
+local token = ARGV[1]                -- the lease's token
+local ttl = tonumber(ARGV[2])        -- ms to hold it for
+local fence = ARGV[3]                -- the lease's fence
+local owner = ARGV[4]                -- the lease's reentrancy owner, '' for none
+${CONSTANTS}
+if not redis.call('SET', lockKey, token .. ' ' .. fence .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then return 0 end
+if tonumber(redis.call('GET', fenceKey) or '0') < tonumber(fence) then
+  redis.call('SET', fenceKey, fence, 'PX', ttl + retention + renewUs / 1000)
+end
+return 1
+`);

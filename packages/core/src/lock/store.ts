@@ -36,6 +36,13 @@ export interface Releasing {
   readonly expiresAt: number;
 }
 
+/** The lease being extended. */
+export interface Held {
+  readonly fence: number;
+  /** Its reentrancy owner, '' for none. */
+  readonly owner: string;
+}
+
 /** A successful attempt. */
 export type Grant = Extract<AttemptResult, { ok: true }>;
 
@@ -49,8 +56,11 @@ export interface LockStore {
   attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult>;
   /** A queued waiter gives up: leave the line (best effort). */
   leave(key: string, token: string): Promise<void>;
-  /** Makes the lock live at least `ttl` more ms if `token` still holds it; the new remaining ms, or null when not held. */
-  extend(key: string, token: string, ttl: number): Promise<number | null>;
+  /**
+   * Makes the lock live at least `ttl` more ms if `token` still holds it; the new remaining ms, or null when not held.
+   * `held` describes the lease, for a store that can put its lock back where it went missing (Redlock).
+   */
+  extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null>;
   /**
    * Drops one hold of `token` (the lock is freed at zero holds); whether `token` held the lock. `from` is given when the
    * lease has not ended and has no owner (so it is the lock's only hold).
