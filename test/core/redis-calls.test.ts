@@ -82,7 +82,7 @@ async function pausableLock(tag: string, timeout = 1_000) {
     locks,
     /**
      * Waits until the server has run `n` scripts of the locker in all, and the locker has read their replies. Before a
-     * pause: an attempt still on its way then would time out, and fail its waiter.
+     * pause: a waiter is let in at a release only once its refusals have told it that it is first in line.
      */
     async scriptsRun(n: number): Promise<void> {
       await until(async () => (await scriptsOf(probe)) >= n, 3_000, `${n} script calls`);
@@ -94,6 +94,17 @@ async function pausableLock(tag: string, timeout = 1_000) {
       expect(await probe.get(names.fence)).toBe(String(lease.fence));
       expect(await probe.pttl(names.lock)).toBeGreaterThan(19_000);
       expect(await probe.zcard(names.queue)).toBe(0);
+    },
+    /**
+     * Redis records the hand-over from `held` to `next`: the lease gets its own ttl and is the holder there. Then it is
+     * released, which frees the lock.
+     */
+    async expectRecorded(next: Lease, held: Lease): Promise<void> {
+      await until(() => Promise.resolve(next.expiresAt > held.expiresAt), 3_000, 'the hand-over to be recorded');
+      await this.expectHolder(next);
+      expect(next.signal.aborted).toBe(false);
+      expect(await next.release()).toBe(true);
+      expect(await probe.exists(names.lock)).toBe(0);
     },
     async close(): Promise<void> {
       locks.close();
@@ -624,11 +635,7 @@ describe('Redis calls', () => {
         own.resume();
       }
       // Redis records it once it runs again (the reply comes after the timeout): the lease gets its own 20 s.
-      await until(() => Promise.resolve(next.expiresAt > held.expiresAt), 3_000, 'the hand-over to be recorded');
-      await t.expectHolder(next);
-      expect(next.signal.aborted).toBe(false);
-      expect(await next.release()).toBe(true);
-      expect(await probe.exists(names.lock)).toBe(0);
+      await t.expectRecorded(next, held);
     } finally {
       await t.close();
     }
@@ -637,7 +644,7 @@ describe('Redis calls', () => {
   it("lets its waiter in at once while that waiter's own attempt is unanswered, and the attempt's timeout does not fail it", async () => {
     // A 5 s timeout: the waiter must get the lock long before its attempt would time out.
     const t = await pausableLock('hand-over-in-flight', 5_000);
-    const { own, proxy, probe, names, locks } = t;
+    const { own, proxy, locks } = t;
     const unhandled: unknown[] = [];
     const onRejection = (reason: unknown) => unhandled.push(reason);
     process.on('unhandledRejection', onRejection);
@@ -660,11 +667,7 @@ describe('Redis calls', () => {
         own.resume();
       }
       // Redis refuses the late attempt (the releasing lease still held the lock then), then records the hand-over.
-      await until(() => Promise.resolve(next.expiresAt > held.expiresAt), 3_000, 'the hand-over to be recorded');
-      await t.expectHolder(next);
-      expect(next.signal.aborted).toBe(false);
-      expect(await next.release()).toBe(true);
-      expect(await probe.exists(names.lock)).toBe(0);
+      await t.expectRecorded(next, held);
       expect(unhandled).toEqual([]);
     } finally {
       process.off('unhandledRejection', onRejection);
@@ -685,8 +688,7 @@ describe('Redis calls', () => {
       }
       expect(await probe.zcard(names.queue)).toBe(4);
       const leases: Lease[] = [];
-      // Released one after the other at once: the pause stays far shorter than the waiters' 1 s poll, whose attempt
-      // would time out and fail its waiter.
+      // Released one after the other at once.
       const releases: Promise<boolean>[] = [];
       own.pause();
       try {
@@ -702,12 +704,8 @@ describe('Redis calls', () => {
         own.resume();
       }
       expect(await within(Promise.all(releases), 3_000, 'the releases')).toEqual([true, true, true, true]);
-      const last = leases[3]!;
-      await until(() => Promise.resolve(last.expiresAt > held.expiresAt), 3_000, 'the hand-overs to be recorded');
-      await t.expectHolder(last);
       expect(leases.map((l) => l.signal.aborted)).toEqual([true, true, true, false]);
-      expect(await last.release()).toBe(true);
-      expect(await probe.exists(names.lock)).toBe(0);
+      await t.expectRecorded(leases[3]!, held);
     } finally {
       await t.close();
     }

@@ -5,6 +5,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import {
   LockLostError,
   LockUnavailableError,
+  type Lease,
   type LockErrorEvent,
   type Redlock,
   type RedlockOptions,
@@ -56,6 +57,20 @@ function expectUnavailable(error: unknown): void {
   expect((error as Error).cause).toBeDefined();
 }
 
+/** Waits until every node holds `key`'s lock (an acquire settles at the quorum; the other grants come after). */
+function onEveryNode(prefix: string, key: string, what = 'the lock on every node'): Promise<void> {
+  return until(async () => (await nodes.holders(prefix, key)).length === 5, 2_000, what);
+}
+
+/** Releases `lease`, which must free it on every live node; the next lease (through `other`) gets a larger fence. */
+async function releaseAndTakeOver(lease: Lease, other: Redlock, prefix: string): Promise<void> {
+  expect(await lease.release()).toBe(true);
+  expect(await nodes.holders(prefix, lease.key)).toEqual([]);
+  const next = await other.acquire(lease.key);
+  expect(next.fence).toBeGreaterThan(lease.fence);
+  expect(await next.release()).toBe(true);
+}
+
 /** Waits until no live node holds `key`'s lock (late grants handed back, queued releases run). */
 function noLockLeft(prefix: string, key: string, what: string): Promise<void> {
   return until(async () => (await nodes.holders(prefix, key)).length === 0, 5_000, what, 20);
@@ -77,11 +92,7 @@ describe('Redlock with a minority of nodes down', () => {
     expect(lease.expiresAt).toBeGreaterThan(before + 5_000);
     for (const i of [0, 1, 2]) expect(await nodes.admins[i]!.pttl(lockNames(prefix, 'k').lock)).toBeGreaterThan(9_000);
 
-    expect(await lease.release()).toBe(true);
-    expect(await nodes.holders(prefix, 'k')).toEqual([]);
-    const next = await b.locker.acquire('k');
-    expect(next.fence).toBeGreaterThan(lease.fence);
-    expect(await next.release()).toBe(true);
+    await releaseAndTakeOver(lease, b.locker, prefix);
   });
 
   it('release reports a held lease as freed when some of its nodes went down, and not when a majority lost it', async () => {
@@ -98,7 +109,7 @@ describe('Redlock with a minority of nodes down', () => {
 
     await nodes.restart([1, 2], [clients]);
     const other = await locker.acquire('k2', { ttl: 10_000 });
-    await until(async () => (await nodes.holders(prefix, 'k2')).length === 5, 2_000, 'the lock on every node');
+    await onEveryNode(prefix, 'k2');
     await Promise.all([0, 1, 2].map((i) => nodes.admins[i]!.del(lockNames(prefix, 'k2').lock)));
     expect(await other.release()).toBe(false);
   });
@@ -202,12 +213,12 @@ describe('Redlock with a minority of nodes down', () => {
     const { locker } = redlock({ prefix });
     const lease = await locker.acquire('k', { ttl: 10_000 });
     // The acquire settled at the quorum; the other nodes' grants may still be on their way.
-    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    await onEveryNode(prefix, 'k');
     const name = lockNames(prefix, 'k').lock;
     await Promise.all([3, 4].map((i) => nodes.admins[i]!.del(name)));
     await lease.extend();
     expect(lease.signal.aborted).toBe(false);
-    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock back on every node');
+    await onEveryNode(prefix, 'k', 'the lock back on every node');
     await Promise.all([0, 1, 2].map((i) => nodes.admins[i]!.del(name)));
     const lost = await rejection(lease.extend());
     expect(lost).toBeInstanceOf(LockLostError);
@@ -225,7 +236,7 @@ describe('Redlock nodes restarted empty', () => {
     const { locker, clients } = redlock({ prefix });
     const other = redlock({ prefix });
     const lease = await locker.acquire('k', { ttl: 10_000, owner });
-    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    await onEveryNode(prefix, 'k');
     for (const i of [0, 1, 2, 3, 4]) {
       await nodes.kill([i], [clients, other.clients]);
       await nodes.restart([i], [clients, other.clients]);
@@ -238,18 +249,14 @@ describe('Redlock nodes restarted empty', () => {
     }
     expect(lease.signal.aborted).toBe(false);
     expect(await other.locker.tryAcquire('k', { owner: 'w2' })).toBeNull();
-    expect(await lease.release()).toBe(true);
-    expect(await nodes.holders(prefix, 'k')).toEqual([]);
-    const next = await other.locker.acquire('k');
-    expect(next.fence).toBeGreaterThan(lease.fence);
-    expect(await next.release()).toBe(true);
+    await releaseAndTakeOver(lease, other.locker, prefix);
   });
 
   it('leaves a node alone where someone else holds the key, and counts only the nodes that kept the lock', async () => {
     const prefix = freshPrefix('restore-taken');
     const { locker } = redlock({ prefix });
     const lease = await locker.acquire('k', { ttl: 10_000 });
-    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    await onEveryNode(prefix, 'k');
     const name = lockNames(prefix, 'k').lock;
     // Node 4 lost the lock, and a stray grant of someone else took the key there before the lease extended.
     await nodes.admins[4]!.set(name, 'stranger 1 1 0 ', 'PX', 10_000);
@@ -270,7 +277,7 @@ describe('Redlock late restores', () => {
     const prefix = freshPrefix('restore-late');
     const { locker } = redlock({ prefix });
     const lease = await locker.acquire('k', { ttl: 10_000 });
-    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    await onEveryNode(prefix, 'k');
     await nodes.admins[4]!.del(lockNames(prefix, 'k').lock);
     const scripts = await scriptCommands(nodes.admins[4]!);
     // Node 4 answers the extension only after the release: the restore goes out, and runs, after the release there.
@@ -359,7 +366,7 @@ describe('Redlock without a quorum', () => {
     const lease = await other.locker.tryAcquire('k');
     expect(lease).not.toBeNull();
     // It settled at the quorum; the remaining nodes' grants follow.
-    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    await onEveryNode(prefix, 'k');
     await lease!.release();
   });
 
@@ -413,7 +420,7 @@ describe('Redlock reentrancy with faults', () => {
     const b = redlock({ prefix });
     const c = redlock({ prefix });
     const outer = await a.locker.acquire('k', { owner: 'w1', ttl: 10_000 });
-    await until(async () => (await nodes.holders(prefix, 'k')).length === 5, 2_000, 'the lock on every node');
+    await onEveryNode(prefix, 'k');
 
     // The lock is gone from two nodes (say, restarted empty): a nested acquire must not leave fresh locks there.
     const name = lockNames(prefix, 'k').lock;
