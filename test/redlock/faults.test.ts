@@ -71,6 +71,14 @@ async function releaseAndTakeOver(lease: Lease, other: Redlock, prefix: string):
   expect(await next.release()).toBe(true);
 }
 
+/** A lease on 'k' (ttl 10 s) of a fresh Redlock under a fresh prefix, held on all five nodes; `name`: the lock's key. */
+async function heldOnEveryNode(tag: string): Promise<{ prefix: string; name: string; lease: Lease }> {
+  const prefix = freshPrefix(tag);
+  const lease = await redlock({ prefix }).locker.acquire('k', { ttl: 10_000 });
+  await onEveryNode(prefix, 'k');
+  return { prefix, name: lockNames(prefix, 'k').lock, lease };
+}
+
 /** Waits until no live node holds `key`'s lock (late grants handed back, queued releases run). */
 function noLockLeft(prefix: string, key: string, what: string): Promise<void> {
   return until(async () => (await nodes.holders(prefix, key)).length === 0, 5_000, what, 20);
@@ -209,12 +217,7 @@ describe('Redlock with a minority of nodes down', () => {
   });
 
   it('keeps extending when the lock vanished from a minority, puts it back there, and loses it once a majority lost it', async () => {
-    const prefix = freshPrefix('vanish');
-    const { locker } = redlock({ prefix });
-    const lease = await locker.acquire('k', { ttl: 10_000 });
-    // The acquire settled at the quorum; the other nodes' grants may still be on their way.
-    await onEveryNode(prefix, 'k');
-    const name = lockNames(prefix, 'k').lock;
+    const { prefix, name, lease } = await heldOnEveryNode('vanish');
     await Promise.all([3, 4].map((i) => nodes.admins[i]!.del(name)));
     await lease.extend();
     expect(lease.signal.aborted).toBe(false);
@@ -253,11 +256,7 @@ describe('Redlock nodes restarted empty', () => {
   });
 
   it('leaves a node alone where someone else holds the key, and counts only the nodes that kept the lock', async () => {
-    const prefix = freshPrefix('restore-taken');
-    const { locker } = redlock({ prefix });
-    const lease = await locker.acquire('k', { ttl: 10_000 });
-    await onEveryNode(prefix, 'k');
-    const name = lockNames(prefix, 'k').lock;
+    const { prefix, name, lease } = await heldOnEveryNode('restore-taken');
     // Node 4 lost the lock, and a stray grant of someone else took the key there before the lease extended.
     await nodes.admins[4]!.set(name, 'stranger 1 1 0 ', 'PX', 10_000);
     const scripts = await scriptCommands(nodes.admins[4]!);
@@ -274,11 +273,8 @@ describe('Redlock nodes restarted empty', () => {
 
 describe('Redlock late restores', () => {
   it('undoes a restore that runs after the lease was released', async () => {
-    const prefix = freshPrefix('restore-late');
-    const { locker } = redlock({ prefix });
-    const lease = await locker.acquire('k', { ttl: 10_000 });
-    await onEveryNode(prefix, 'k');
-    await nodes.admins[4]!.del(lockNames(prefix, 'k').lock);
+    const { prefix, name, lease } = await heldOnEveryNode('restore-late');
+    await nodes.admins[4]!.del(name);
     const scripts = await scriptCommands(nodes.admins[4]!);
     // Node 4 answers the extension only after the release: the restore goes out, and runs, after the release there.
     nodes.pause([4]);
