@@ -54,12 +54,17 @@ export interface Lease {
    * "Hand-offs within a process" in the core README).
    */
   readonly expiresAt: number;
-  /** Aborted when the lease is released, lost, or expires. The reason says which. */
+  /**
+   * Aborted when the lease is released, lost, or expires. The reason says which. Reading it checks the clock, so after
+   * a stall of the event loop past `expiresAt` (a long synchronous step, a debugger) `lease.signal.aborted` is already
+   * true, before the expiry timer has run.
+   */
   readonly signal: AbortSignal;
   /**
    * Keeps the lock for at least `ttl` more ms (never shortens it).
    * @param ttl - defaults to the ttl the lease was acquired with
-   * @throws {@link LockLostError} when the lease is no longer held; {@link LockUnavailableError} when the store cannot answer
+   * @throws {@link LockLostError} when the lease is no longer held, or its `expiresAt` has passed (even if Redis still
+   *   holds the lock: the lease has ended for its holder); {@link LockUnavailableError} when the store cannot answer
    */
   extend(ttl?: number): Promise<void>;
   /**
@@ -175,8 +180,9 @@ export interface MemoryLockOptions extends LockerOptions {
   prefix?: string;
   /**
    * Clock in epoch ms; injectable so tests can move time without sleeping. It decides who holds a key and each
-   * lease's `expiresAt`; a lease's `signal` still aborts on expiry by a real timer, so after moving the clock past
-   * `expiresAt`, check `expiresAt` (or call `extend()`, which then rejects) rather than waiting for the signal.
+   * lease's `expiresAt`; a lease's `signal` aborts on expiry by a real timer, or when it is read after the clock has
+   * passed `expiresAt`: after moving the clock, read `lease.signal` (or call `extend()`, which then rejects) rather
+   * than waiting for an abort event.
    * @default Date.now
    */
   clock?: () => number;

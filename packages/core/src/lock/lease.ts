@@ -45,6 +45,9 @@ export class LeaseImpl implements Lease {
   }
 
   get signal(): AbortSignal {
+    // After a stall of the event loop (a long synchronous step, a debugger, a GC pause) the expiry timer has not run
+    // yet: the holder reading the signal right after must still learn that the lease is over.
+    this.checkExpiry();
     if (this.controller === undefined) {
       this.controller = new AbortController();
       if (this.ended) this.controller.abort(this.endReason?.());
@@ -58,6 +61,8 @@ export class LeaseImpl implements Lease {
 
   async extend(ttl: number = this.ttl): Promise<void> {
     v.duration('ttl', ttl);
+    // Past its end by our clock the lease is over, whatever Redis still holds: its holder may have been told so.
+    this.checkExpiry();
     if (this.released || this.ended) throw new LockLostError(this.key);
     const p = this.doExtend(ttl);
     this.inflightExtend = p;
@@ -161,9 +166,14 @@ export class LeaseImpl implements Lease {
       this.expiryTimer = undefined;
       // Timers can fire early relative to the clock; only call it expired when the clock agrees.
       if (this.store.now() < this.expiry) return this.armExpiry();
-      this.lose(new LockLostError(this.key, `lease on "${this.key}" expired`));
+      this.checkExpiry();
     }, Math.max(0, Math.min(delay, 2 ** 31 - 1)));
     this.expiryTimer.unref();
+  }
+
+  /** Marks the lease lost once the clock has passed its end (released and lost leases have ended already). */
+  private checkExpiry(): void {
+    if (!this.ended && this.store.now() >= this.expiry) this.lose(new LockLostError(this.key, `lease on "${this.key}" expired`));
   }
 
   private stopTimers(): void {
