@@ -14,6 +14,11 @@ export interface Proxy {
   swallowRepliesAfter(command: string): void;
   /** Resolves when a client next sends `command` (a RESP command name, any case) through the proxy. */
   sent(command: string): Promise<void>;
+  /**
+   * The next chunk a client sends that contains `text` is not passed on: its connection is cut instead, as if the
+   * network failed while the command was on its way (the client resends it after reconnecting). Once.
+   */
+  cutWhenSent(text: string): void;
   /** Closes the listener and every connection. */
   close(): Promise<void>;
 }
@@ -23,6 +28,7 @@ export async function startProxy(target: number): Promise<Proxy> {
   const sockets = new Set<net.Socket>();
   let swallow: RegExp | undefined;
   const watchers = new Set<{ pattern: RegExp; seen: () => void }>();
+  let cutOn: string | undefined;
   const server = net.createServer((client) => {
     const upstream = net.connect({ host: '127.0.0.1', port: target });
     let deaf = false;
@@ -37,6 +43,12 @@ export async function startProxy(target: number): Promise<Proxy> {
     client.on('data', (chunk: Buffer) => {
       // RESP arrays name the command as a bulk string: "$9\r\nsubscribe\r\n".
       const text = chunk.toString('latin1');
+      if (cutOn !== undefined && text.includes(cutOn)) {
+        cutOn = undefined;
+        client.destroy();
+        upstream.destroy();
+        return;
+      }
       if (swallow?.test(text)) deaf = true;
       for (const w of watchers) {
         if (!w.pattern.test(text)) continue;
@@ -60,6 +72,9 @@ export async function startProxy(target: number): Promise<Proxy> {
     },
     sent(command) {
       return new Promise((resolve) => watchers.add({ pattern: commandPattern(command), seen: resolve }));
+    },
+    cutWhenSent(text) {
+      cutOn = text;
     },
     close() {
       for (const s of sockets) s.destroy();

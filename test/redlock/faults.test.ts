@@ -1,20 +1,21 @@
 // Redlock on five private redis-server masters while nodes die, freeze and lose data: what still works with a minority
 // down, how fast and how cleanly it fails without a quorum, and what auto-extension reports.
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
   LockLostError,
   LockUnavailableError,
   type Lease,
   type LockErrorEvent,
-  type Redlock,
+  Redlock,
   type RedlockOptions,
 } from '../../packages/core/src/index.js';
 import { lockNames, ownerName } from '../../packages/core/src/lock/redis-store.js';
 import { RELEASE } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedisNodes, stopAll } from '../harness/redis.js';
 import { abortReason, rejection, scriptCommands, until, within } from '../core/helpers.js';
-import { freshPrefix, Nodes, timed, trackUnhandled } from './support.js';
+import { startProxy } from '../harness/proxy.js';
+import { freshPrefix, notReady, Nodes, RECONNECT_MS, timed, trackUnhandled } from './support.js';
 
 let nodes: Nodes;
 const made: { locker: Redlock; clients: Redis[] }[] = [];
@@ -272,18 +273,65 @@ describe('Redlock nodes restarted empty', () => {
 });
 
 describe('Redlock late restores', () => {
-  it('undoes a restore that runs after the lease was released', async () => {
+  it('sends no restore for a lease released before a paused node answered its extension', async () => {
     const { prefix, name, lease } = await heldOnEveryNode('restore-late');
     await nodes.admins[4]!.del(name);
     const scripts = await scriptCommands(nodes.admins[4]!);
-    // Node 4 answers the extension only after the release: the restore goes out, and runs, after the release there.
     nodes.pause([4]);
     await lease.extend();
     expect(await lease.release()).toBe(true);
     nodes.resume([4]);
-    // The extension, the release, the restore, and the release that undoes it.
-    await until(async () => (await scriptCommands(nodes.admins[4]!)) >= scripts + 4, 3_000, 'the restore and its undo on node 4');
+    // The extension and the release run; the extension's late "not held" finds the lease released.
+    await until(async () => (await scriptCommands(nodes.admins[4]!)) >= scripts + 2, 3_000, 'the extension and the release on node 4');
+    await nodes.admins[4]!.ping();
+    expect(await scriptCommands(nodes.admins[4]!)).toBe(scripts + 2);
     expect(await nodes.holders(prefix, 'k')).toEqual([]);
+  });
+
+  it('sends no restore for a lease that expired before a paused node answered its extension', async () => {
+    const prefix = freshPrefix('restore-expired');
+    const lease = await redlock({ prefix }).locker.acquire('k', { ttl: 400 });
+    await onEveryNode(prefix, 'k');
+    await nodes.admins[4]!.del(lockNames(prefix, 'k').lock);
+    const scripts = await scriptCommands(nodes.admins[4]!);
+    nodes.pause([4]);
+    await lease.extend();
+    expect(await abortReason(lease.signal, 2_000, 'the lease to expire')).toBeInstanceOf(LockLostError);
+    nodes.resume([4]);
+    await until(async () => (await scriptCommands(nodes.admins[4]!)) >= scripts + 1, 3_000, 'the extension on node 4');
+    await nodes.admins[4]!.ping();
+    expect(await scriptCommands(nodes.admins[4]!)).toBe(scripts + 1);
+    expect(await nodes.lockOn(4, prefix, 'k')).toBeNull();
+  });
+
+  it('undoes a restore that the network delays past the release (ioredis sends it again after reconnecting)', async () => {
+    const prefix = freshPrefix('restore-resent');
+    const proxy = await startProxy(nodes.nodes[4]!.port);
+    const via = new Redis({ host: '127.0.0.1', port: proxy.port });
+    const clients = [...[0, 1, 2, 3].map((i) => nodes.nodes[i]!.client()), via];
+    const locker = new Redlock(clients, { prefix });
+    made.push({ locker, clients });
+    try {
+      const lease = await locker.acquire('k', { ttl: 10_000 });
+      await onEveryNode(prefix, 'k');
+      await nodes.admins[4]!.del(lockNames(prefix, 'k').lock);
+      const scripts = await scriptCommands(nodes.admins[4]!);
+      // The restore's first send (an EVAL carrying the script's text) never arrives: its connection is cut.
+      proxy.cutWhenSent("-- the lease's reentrancy owner");
+      await lease.extend();
+      await notReady(via);
+      // Node 4 is reconnecting: the release settles on the other four.
+      expect(await lease.release()).toBe(true);
+      // Back on node 4, the restore runs after the release, and is undone.
+      await until(
+        async () => (await scriptCommands(nodes.admins[4]!)) >= scripts + 3 && (await nodes.lockOn(4, prefix, 'k')) === null,
+        RECONNECT_MS,
+        'the resent restore and its undo on node 4',
+      );
+      expect(await nodes.holders(prefix, 'k')).toEqual([]);
+    } finally {
+      await proxy.close();
+    }
   });
 });
 

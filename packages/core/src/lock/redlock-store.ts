@@ -305,10 +305,12 @@ export class RedlockStore implements LockStore {
    * After an extension that kept the lock on a quorum: puts it back on node `i`, which answered that it no longer held
    * it (restarted empty, say), so that a long-held lease keeps its majority while nodes restart one after another.
    * Best effort, and it decides nothing: the extension's outcome counts only the nodes that kept the lock. A node where
-   * someone else holds the key is left alone. Should the restore run after the lease's release (ioredis re-sends a
-   * command after a reconnect), it is undone.
+   * someone else holds the key is left alone, and so is a lease that has ended by the time a late answer comes. Should
+   * the restore run after the lease's release (ioredis re-sends a command after a reconnect), it is undone.
    */
   private restore(i: number, n: LockNames, token: string, ttl: number, held: Held): void {
+    // A node that answers long after the extension (it was paused) may find the lease over by then: leave it be.
+    if (this.released.has(token) || this.now() >= held.expiresAt) return;
     const c = this.clients[i]!;
     const done = (restored: unknown) => {
       if (Number(restored) === 1 && this.released.has(token)) this.releaseOn(c, n, token, this.s.timeout).catch(() => undefined);

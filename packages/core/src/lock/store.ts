@@ -41,6 +41,8 @@ export interface Held {
   readonly fence: number;
   /** Its reentrancy owner, '' for none. */
   readonly owner: string;
+  /** When it ends (store clock), as it stands now. */
+  readonly expiresAt: number;
 }
 
 /** A successful attempt. */
