@@ -19,7 +19,7 @@ import type { AttemptResult, Held, LockStore } from './store.js';
 /** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
 const MIN_NODE_TIMEOUT_MS = 100;
 
-/** How many released leases a store remembers, to undo a restore of their lock that ran late (see restore). */
+/** How many released leases a store remembers, so that their lock is not restored after the release (see restore). */
 const RELEASED_MAX = 1_024;
 
 /** Allowance for long keys in the per-node timeout: 1 ms per this many characters of the key's Redis name. */
@@ -48,7 +48,7 @@ export class RedlockStore implements LockStore {
   private readonly live = new Map<string, () => void>();
   /** The last fence floor this store proposed, µs. */
   private lastFloor = 0;
-  /** Tokens of leases released lately, oldest first: a lock restored for one of them after its release is undone. */
+  /** Tokens of leases released lately, oldest first: their lock is not restored, and a restore already on its way is undone. */
   private readonly released = new Set<string>();
 
   constructor(
