@@ -26,7 +26,6 @@ export class LeaseImpl implements Lease {
   private releasing: Promise<boolean> | undefined;
   private released = false;
   private inflightExtend: Promise<unknown> | undefined;
-  private readonly exclusive: boolean;
 
   constructor(
     private readonly store: LockStore,
@@ -39,7 +38,6 @@ export class LeaseImpl implements Lease {
     /** Its reentrancy owner; '' (none) makes it its lock's only hold, so a release frees the lock (or lets a waiter in). */
     readonly owner: string,
   ) {
-    this.exclusive = owner === '';
     this.expiry = expiresAt;
     this.armExpiry();
   }
@@ -78,7 +76,7 @@ export class LeaseImpl implements Lease {
     if (this.releasing) return this.releasing;
     this.stopTimers();
     // Only a lease that still holds may let a waiter in before the store has recorded it (see LockStore.release).
-    const live = !this.ended && this.exclusive;
+    const live = !this.ended && this.owner === '';
     if (!this.ended) this.end(() => new LeaseReleasedError(this.key));
     const p = (async () => {
       // An extension racing the release must not report a false loss or re-extend a freed lock: let it settle first.

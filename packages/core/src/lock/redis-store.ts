@@ -4,6 +4,7 @@ import { bounded } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
+import { makeRoom } from '../util/bounded.js';
 import { ACQUIRE, EXTEND, LEAVE, RELEASE, TRANSFER } from './scripts.lua.js';
 import type { AttemptResult, Grant, LockStore, Releasing } from './store.js';
 
@@ -198,7 +199,7 @@ export class RedisLockStore implements LockStore {
     line!.splice(i, 1);
     if (line!.length === 0) this.local.delete(key);
     // Out of the line: those behind it here stop counting it as ahead of them.
-    if (this.left.size >= LEFT_MAX) this.left.delete(this.left.values().next().value as string);
+    makeRoom(this.left, LEFT_MAX);
     this.left.add(waiter.token);
     for (const w of line!) w.ahead?.delete(waiter.token);
     return true;

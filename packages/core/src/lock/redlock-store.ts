@@ -11,6 +11,7 @@ import { LockUnavailableError } from '../errors.js';
 import { bounded, boundedAll, type Outcome } from '../redis/call.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
+import { makeRoom } from '../util/bounded.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
 import { ACQUIRE, EXTEND, RAISE_FENCE, RELEASE, RESTORE } from './scripts.lua.js';
@@ -115,7 +116,7 @@ export class RedlockStore implements LockStore {
 
   async release(key: string, token: string): Promise<boolean> {
     this.live.get(token)?.();
-    if (this.released.size >= RELEASED_MAX) this.released.delete(this.released.values().next().value as string);
+    makeRoom(this.released, RELEASED_MAX);
     this.released.add(token);
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;

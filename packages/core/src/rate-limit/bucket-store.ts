@@ -4,6 +4,7 @@ import { bounded } from '../redis/call.js';
 import { keyStem } from '../redis/keys.js';
 import { sendPending } from '../redis/script.js';
 import type { Decision, RedisClient } from '../types.js';
+import { makeRoom } from '../util/bounded.js';
 import { REFUND, TAKE } from './bucket.lua.js';
 import { decide, type GcraParams } from './gcra.js';
 
@@ -156,7 +157,7 @@ export class RedisBucketStore implements BucketStore {
     const low = tat - (now - sent);
     this.denied.delete(key);
     if (low <= now) return;
-    if (this.denied.size >= this.deniedMax) this.denied.delete(this.denied.keys().next().value as string);
+    makeRoom(this.denied, this.deniedMax);
     this.denied.set(key, { tat, low, until: now + DENY_CACHE_MS * 1_000 });
   }
 
