@@ -7,6 +7,7 @@ import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { FENCE_RENEW_US, FENCE_RETENTION_MS } from '../../packages/core/src/lock/scripts.lua.js';
 import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { trackUnhandled } from '../redlock/support.js';
 import { abortReason, commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
 
 let node: RedisNode;
@@ -645,9 +646,7 @@ describe('Redis calls', () => {
     // A 5 s timeout: the waiter must get the lock long before its attempt would time out.
     const t = await pausableLock('hand-over-in-flight', 5_000);
     const { own, proxy, locks } = t;
-    const unhandled: unknown[] = [];
-    const onRejection = (reason: unknown) => unhandled.push(reason);
-    process.on('unhandledRejection', onRejection);
+    const unhandled = trackUnhandled();
     try {
       const held = await locks.acquire('k');
       const waiter = locks.acquire('k', { wait: 30_000 });
@@ -668,9 +667,9 @@ describe('Redis calls', () => {
       }
       // Redis refuses the late attempt (the releasing lease still held the lock then), then records the hand-over.
       await t.expectRecorded(next, held);
-      expect(unhandled).toEqual([]);
+      expect(unhandled.reasons).toEqual([]);
     } finally {
-      process.off('unhandledRejection', onRejection);
+      unhandled.stop();
       await t.close();
     }
   });

@@ -7,6 +7,7 @@ import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { Wakeups } from '../../packages/core/src/redis/wakeups.js';
 import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { trackUnhandled } from '../redlock/support.js';
 import { uniquePrefix, until, within } from './helpers.js';
 
 let node: RedisNode;
@@ -248,9 +249,7 @@ describe('Wakeups across a server restart', () => {
     // disconnectTimeout: the closed connection gives up on that reply soon (the subscriber copies the option).
     const client = new Redis({ host: '127.0.0.1', port: proxy.port, disconnectTimeout: 100 });
     const wakeups = new Wakeups(client, 2_000);
-    const unhandled: unknown[] = [];
-    const onRejection = (reason: unknown) => unhandled.push(reason);
-    process.on('unhandledRejection', onRejection);
+    const unhandled = trackUnhandled();
     try {
       await within(wakeups.listen('wake:closing', () => undefined), 3_000, 'the subscription');
       const sub = (wakeups as unknown as { subscriber: Redis }).subscriber;
@@ -271,9 +270,9 @@ describe('Wakeups across a server restart', () => {
       // An unhandled rejection is reported once the microtasks of the tick that rejected have run: two turns cover it.
       await new Promise((resolve) => setImmediate(resolve));
       await new Promise((resolve) => setImmediate(resolve));
-      expect(unhandled).toEqual([]);
+      expect(unhandled.reasons).toEqual([]);
     } finally {
-      process.off('unhandledRejection', onRejection);
+      unhandled.stop();
       wakeups.close();
       client.disconnect();
       await proxy.close();
