@@ -10,6 +10,7 @@ import {
 } from '../../packages/core/src/index.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { FREE_HEAD_GRACE_MS } from '../../packages/core/src/lock/scripts.lua.js';
 import { HOSTILE_KEYS } from './fixtures.js';
 import { trackUnhandled } from '../redlock/support.js';
 import { abortReason, rejection, uniquePrefix, until, within } from './helpers.js';
@@ -232,6 +233,36 @@ describe('RedisLock keys and channels', () => {
     expect(await admin.type([...before].find((k) => k.endsWith(':f'))!)).toBe('string');
     expect(await a.release()).toBe(true);
     expect(await forged.release()).toBe(true);
+    locks.close();
+  });
+});
+
+describe('RedisLock line', () => {
+  let node: RedisNode;
+  let admin: Redis;
+
+  beforeAll(async () => {
+    node = await startRedis();
+    admin = node.client();
+  });
+
+  it('lets a waiter in once a waiter ahead of it that went away has not asked for the free lock within the grace', async () => {
+    const prefix = uniquePrefix('ghost');
+    const names = lockNames(prefix, 'k');
+    // A waiter whose process died while first in line for a free lock: its place would last another 10 s.
+    const [secs, micros] = await admin.time();
+    const now = Number(secs) * 1e6 + Number(micros);
+    await admin.zadd(names.queue, now - 1_000, 'gone');
+    await admin.hset(names.deadlines, 'gone', now + 10_000_000);
+    const locks = new RedisLock(node.client(), { prefix });
+    const started = performance.now();
+    const lease = await locks.acquire('k', { wait: 10_000 });
+    const waited = performance.now() - started;
+    // Its first attempt found the lock free and gave those ahead FREE_HEAD_GRACE_MS to ask; a poll after that got in.
+    expect(waited).toBeGreaterThan(FREE_HEAD_GRACE_MS - 100);
+    expect(waited).toBeLessThan(FREE_HEAD_GRACE_MS + 2_000);
+    expect(await admin.zscore(names.queue, 'gone')).toBeNull();
+    await lease.release();
     locks.close();
   });
 });

@@ -41,8 +41,8 @@ const redlockFixture: MakeLocker = async (options?: LockerOptions): Promise<Lock
   return {
     locker,
     newConnectionLocker: make,
-    // Redlock keeps no queue: a waiter counts once it listens on some node (one live subscription is enough to wake
-    // it) and that subscription is confirmed; it attempts again right after, so a release from then on reaches it.
+    // A waiter counts once it listens on some node (one live subscription is enough to wake it) and that subscription
+    // is confirmed; it attempts again right after, so a release from then on reaches it.
     waiting: async (key) => {
       const channel = lockNames(prefix, key).channel;
       let n = 0;

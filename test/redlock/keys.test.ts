@@ -47,16 +47,16 @@ describe('Redlock keys', () => {
       expect(lease.key).toBe(key);
       leases.push(lease);
     }
-    // Redlock keeps no queue: each key has its lock and its fence on each node, nothing else. An acquire settles at
-    // the quorum, so the other nodes' grants may still be on their way: the waiters start once every node has them
-    // (a waiter's attempt that overtook a late grant would take that node, and leave it free after its undo).
-    const everyLockEverywhere = () =>
+    // Each key has its lock and its fence on each node, nothing else. An acquire settles at the quorum, so the other
+    // nodes' grants may still be on their way: the waiters start once every node has them (a waiter's attempt that
+    // overtook a late grant would take that node, and leave it free after its undo).
+    const namesOnEveryNode = (perKey: number, what: string) =>
       until(
-        async () => (await Promise.all(nodes.admins.map((a) => a.dbsize()))).every((n) => n === HOSTILE_KEYS.length * 2),
+        async () => (await Promise.all(nodes.admins.map((a) => a.dbsize()))).every((n) => n === HOSTILE_KEYS.length * perKey),
         5_000,
-        'every key’s lock and fence on every node',
+        what,
       );
-    await everyLockEverywhere();
+    await namesOnEveryNode(2, 'every key’s lock and fence on every node');
     for (const lease of leases) {
       // A waiter subscribes to the key's wake-up channel on every node.
       const waiter = b.acquire(lease.key, { wait: 10_000, ttl: 10_000 });
@@ -69,8 +69,8 @@ describe('Redlock keys', () => {
       10_000,
       'every waiter to subscribe on every node',
     );
-    // Refused waiters leave nothing behind.
-    await everyLockEverywhere();
+    // Refused waiters queue: each key's line (names and places, heartbeat deadlines) on every node, and nothing else.
+    await namesOnEveryNode(4, 'every key’s lock, fence and line on every node');
     for (let i = 0; i < 5; i++) {
       const names = await nodes.admins[i]!.keys('*');
       for (const name of names) expect(name.startsWith(prefix), name.slice(0, 80)).toBe(true);

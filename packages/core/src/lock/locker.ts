@@ -190,7 +190,7 @@ export abstract class BaseLocker implements Locker {
           }
         }
         if (woken) continue;
-        const poll = stopListening ? MAX_POLL_MS : FALLBACK_POLL_MS;
+        const poll = stopListening ? (this.store.pollMs ?? MAX_POLL_MS) : FALLBACK_POLL_MS;
         // A holder's expiry publishes nothing, so never sleep past it.
         const until = Math.min(left, poll, result.pttl >= 0 ? result.pttl + 1 : poll);
         await new Promise<void>((resolve, reject) => {

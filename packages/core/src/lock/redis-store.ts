@@ -253,11 +253,11 @@ export class RedisLockStore implements LockStore {
 
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
   private releaseScript(n: LockNames, token: string, heir?: LocalWaiter): Promise<unknown> {
-    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token, '1']);
+    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token]);
     return RELEASE.run(
       this.client,
       [n.lock, n.queue, n.deadlines, n.fence],
-      [token, '1', heir.token, heir.ttl, ownerName(heir.owner)],
+      [token, heir.token, heir.ttl, ownerName(heir.owner)],
     );
   }
 

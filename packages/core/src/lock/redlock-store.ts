@@ -14,7 +14,7 @@ import type { RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
-import { ACQUIRE, EXTEND, RAISE_FENCE, RELEASE, RESTORE } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, LEAVE, RAISE_FENCE, RELEASE, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
 import type { AttemptResult, Held, LockStore } from './store.js';
 
 /** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
@@ -26,8 +26,18 @@ const RELEASED_MAX = 1_024;
 /** Allowance for long keys in the per-node timeout: 1 ms per this many characters of the key's Redis name. */
 const KEY_BYTES_PER_MS = 2_048;
 
+/** A waiting caller in the key's line: its name there, and its place (client µs), the same on every node. */
+interface Place {
+  readonly name: string;
+  readonly place: number;
+  /** Some node refused it, so it is in that node's line (until its release, or its heartbeat lapses). */
+  joined: boolean;
+}
+
 // Results of rounds that ended in a split vote (no token reached the quorum, and not because the key is held).
 const SPLIT_VOTES = new WeakSet<AttemptResult>();
+// Split votes that came from lines that disagreed (see attemptOnce).
+const LINE_SPLITS = new WeakSet<AttemptResult>();
 
 export interface RedlockSettings {
   prefix: string;
@@ -40,6 +50,7 @@ export interface RedlockSettings {
 }
 
 export class RedlockStore implements LockStore {
+  readonly pollMs = REDLOCK_POLL_MS;
   private readonly wakeups: WakeupShare[];
   /**
    * Leases this store handed out with a fresh lock, until released or past their first validity: a late grant of one
@@ -51,6 +62,12 @@ export class RedlockStore implements LockStore {
   private lastFloor = 0;
   /** Tokens of leases released lately, oldest first: their lock is not restored, and a restore already on its way is undone. */
   private readonly released = new Set<string>();
+  /** Each waiting caller's place in the key's line, stamped at its first attempt and sent to every node. */
+  private readonly places = new Map<string, Place>();
+  /** The last place handed out, µs. */
+  private lastPlace = 0;
+  /** Leases whose waiter kept its place in the line while it held the lock (see ACQUIRE): lock token → waiter name. */
+  private readonly queued = new Map<string, string>();
 
   constructor(
     private readonly clients: readonly RedisClient[],
@@ -59,25 +76,43 @@ export class RedlockStore implements LockStore {
     this.wakeups = clients.map((c) => WakeupShare.of(c, s.timeout));
   }
 
-  // Redlock keeps no waiting line: per-node lines could order waiters differently and split every vote. The caller's
-  // token is not used: every round draws its own (see attemptOnce).
-  async attempt(key: string, _token: string, owner: string, ttl: number): Promise<AttemptResult> {
+  // Every round draws its own token (see attemptOnce), so the caller's token serves as the waiter's name in the line,
+  // where its place is a time it stamps once and sends to every node: all nodes order their lines alike, whichever
+  // order the waiters' calls reach them in. (Per-node arrival times would order them differently and split the votes.)
+  async attempt(key: string, waiter: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
+    const line = queue ? this.placeOf(waiter) : undefined;
     for (let retry = 0; ; retry++) {
-      const result = await this.attemptOnce(key, owner, ttl);
+      const result = await this.attemptOnce(key, owner, ttl, line);
       // A split vote means nobody holds the key: retry it here like a node failure, so that two callers colliding
       // with `wait: 0` (a double submit) do not both walk away busy from a free key.
       const split = !(result instanceof Error) && SPLIT_VOTES.has(result);
-      if (!(result instanceof Error) && !split) return result;
+      if (!(result instanceof Error) && !split) {
+        if (result.ok) this.places.delete(waiter);
+        return result;
+      }
       if (retry >= this.s.retryCount) {
         if (split) return result;
         throw result;
       }
-      await delay(this.s.retryDelay + Math.random() * this.s.retryDelay);
+      // Lines that disagreed agree now (the round joined every line it was missing from): no need to wait.
+      if (!LINE_SPLITS.has(result as AttemptResult)) await delay(this.s.retryDelay + Math.random() * this.s.retryDelay);
     }
   }
 
-  leave(): Promise<void> {
-    return Promise.resolve();
+  // Out of the line on every node; settles once a quorum has answered (a minority that keeps the name drops it at its
+  // heartbeat, and its votes alone cannot hold anyone up).
+  async leave(key: string, waiter: string): Promise<void> {
+    this.places.delete(waiter);
+    const n = lockNames(this.s.prefix, key);
+    const keys = [n.lock, n.queue, n.deadlines];
+    const args = [waiter];
+    await boundedAll(
+      this.clients,
+      this.nodeTimeout(0, n.lock),
+      (c) => LEAVE.run(c, keys, args),
+      Number,
+      (o) => this.clients.length - pendingCount(o) >= this.s.quorum,
+    );
   }
 
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
@@ -122,25 +157,37 @@ export class RedlockStore implements LockStore {
     const q = this.s.quorum;
     // Release goes to every node, including those that never answered the acquire, and settles once the answer is
     // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
-    const keys = [n.lock];
-    const args = [token];
+    // Only a lease that kept a place in line sends the line's names; otherwise a node that freed the lock with waiters
+    // refused meanwhile answers 2, and gets a WAKE (see RELEASE).
+    const name = this.queued.get(token);
+    this.queued.delete(token);
+    const keys = name === undefined ? [n.lock] : [n.lock, n.queue, n.deadlines];
+    const args = name === undefined ? [token] : [token, '', 0, '', name];
+    const wake = (i: number) => {
+      const c = this.clients[i]!;
+      bounded(c, this.s.timeout, () => WAKE.run(c, [n.lock, n.queue, n.deadlines], [])).catch(() => undefined);
+    };
     const outcomes = await boundedAll(
       this.clients,
       this.s.timeout,
       (c) => RELEASE.run(c, keys, args),
       Number,
       (o) => {
-        const freed = count(o, (v) => v === 1);
+        const freed = count(o, (v) => v >= 1);
         const failed = failedCount(o);
         const pending = pendingCount(o);
         return freed >= q || failed > this.clients.length - q || pending === 0 || freed + failed + pending < q;
       },
+      (i, v) => {
+        if (v === 2) wake(i);
+      },
     );
+    for (const [i, o] of outcomes.entries()) if (o?.ok && o.value === 2) wake(i);
     // Without answers from a quorum the outcome is unknown: the caller may retry (nodes that answered return 0 then).
     if (values(outcomes).length < q) throw this.unavailable('release', outcomes);
     // Held, as far as anyone can tell: freed somewhere, and no quorum of nodes answered that it no longer held it
     // (nodes that are down may still hold it, as they did when it was acquired).
-    const freed = count(outcomes, (v) => v === 1);
+    const freed = count(outcomes, (v) => v >= 1);
     return freed > 0 && freed + outcomes.filter((o) => o === undefined || !o.ok).length >= q;
   }
 
@@ -181,7 +228,7 @@ export class RedlockStore implements LockStore {
    * stray grant is kept only if it belongs to the lease the round handed out, and is released otherwise. Because no
    * other round ever uses this token, releasing a stray can never free the lock of a later round of the same caller.
    */
-  private async attemptOnce(key: string, owner: string, ttl: number): Promise<AttemptResult | Error> {
+  private async attemptOnce(key: string, owner: string, ttl: number, line: Place | undefined): Promise<AttemptResult | Error> {
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     const total = this.clients.length;
@@ -202,9 +249,11 @@ export class RedlockStore implements LockStore {
       else strays.push([c, r]);
     };
 
-    // No line on Redlock nodes: no queue names and no queue mode (the script reads them only with a queue).
-    const keys = [n.lock, n.fence];
-    const args = [token, ttl, ownerName(owner), floor];
+    // A caller that does not wait ignores the line: looking would cost every uncontended acquire on every node a call
+    // (about a tenth of Redlock's throughput), and it can only take a lock freed a moment before the first waiter's
+    // attempt reaches the node. That waiter keeps its place and goes next.
+    const keys = line === undefined ? [n.lock, n.fence] : [n.lock, n.fence, n.queue, n.deadlines];
+    const args = line === undefined ? [token, ttl, ownerName(owner), floor] : [token, ttl, ownerName(owner), floor, '1', line.name, String(line.place)];
     const outcomes = await boundedAll(
       this.clients,
       timeout,
@@ -247,8 +296,15 @@ export class RedlockStore implements LockStore {
         .map((o) => (o?.ok && !o.value.ok ? o.value.pttl : undefined))
         .filter((p): p is number => p !== undefined);
       const failed = outcomes.filter((o) => o === undefined || !o.ok).length;
+      // Granted somewhere while another waiter is first elsewhere: the nodes' lines disagree (a waiter is missing from
+      // a node it could not reach). This round joined the line wherever it was missing, so the next one can agree.
+      const linesDisagree = line !== undefined && busy.includes(-1) && grants.some((g) => g?.token === token);
       if (failed > total - q) result = this.unavailable('acquire', outcomes);
-      else if (busy.length > total - q) result = { ok: false, pttl: Math.min(...busy) };
+      else if (linesDisagree) {
+        result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
+        SPLIT_VOTES.add(result);
+        LINE_SPLITS.add(result);
+      } else if (busy.length > total - q) result = { ok: false, pttl: Math.min(...busy) };
       // A split vote (no holder has a quorum): the caller tries again after a pause, as Redlock prescribes.
       else {
         result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
@@ -257,6 +313,12 @@ export class RedlockStore implements LockStore {
     }
 
     const keep = !(result instanceof Error) && result.ok ? result.token : undefined;
+    // A waiter that joined the line somewhere keeps its place there once let in (see ACQUIRE): its release takes it out.
+    if (line !== undefined && !line.joined && outcomes.some((o) => o?.ok && !o.value.ok)) line.joined = true;
+    if (line?.joined === true && keep === token) {
+      makeRoom(this.queued, RELEASED_MAX);
+      this.queued.set(token, line.name);
+    }
     // A reentry's lock belongs to the outer lease, whose life this round does not see: its late holds are kept.
     const lease = keep === token && !(result instanceof Error) && result.ok ? this.track(token, result.ttl - elapsedSince(started)) : undefined;
     const verdict = (c: RedisClient, r: AttemptResult) => {
@@ -340,9 +402,21 @@ export class RedlockStore implements LockStore {
     return count(outcomes, (v) => v === 1) >= this.s.quorum;
   }
 
-  /** Drops one hold of `token` on one node. */
+  /** Drops one hold of `token` on one node (a round's stray grant, whose waiter keeps its place in line). */
   private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number): Promise<unknown> {
-    return bounded(c, timeout, () => RELEASE.run(c, [n.lock], [token]));
+    return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token]));
+  }
+
+  /** A waiting caller's place in line: stamped at its first attempt, never twice the same in this store. */
+  private placeOf(waiter: string): Place {
+    let line = this.places.get(waiter);
+    if (line === undefined) {
+      // Leaves this map when let in, or in leave(), which the locker calls for every waiter that gives up.
+      this.lastPlace = Math.max(Math.round((performance.timeOrigin + performance.now()) * 1_000), this.lastPlace + 1);
+      line = { name: waiter, place: this.lastPlace, joined: false };
+      this.places.set(waiter, line);
+    }
+    return line;
   }
 
   /** The per-node bound of one round. A long key takes longer to send and parse (its names travel in every call). */

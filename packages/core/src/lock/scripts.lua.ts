@@ -21,6 +21,25 @@ export const AHEAD_MAX = 16;
  */
 export const QUEUE_HEARTBEAT_MS = 3_000;
 
+/**
+ * Ms the waiters ahead of a caller keep their places once the lock is free and that caller asks for it. A live waiter
+ * asks at least every second (the polling fallback), which renews its place, and the first one asks at once when a
+ * release wakes it; one that has not asked within this long has most likely gone, and its leave never came (its node
+ * was down then, say), so it stops holding the line up well before its heartbeat would run out.
+ */
+export const FREE_HEAD_GRACE_MS = 1_500;
+
+/**
+ * Redlock's line is kept on every node, and a node that was down when a waiter left (or was let in and released)
+ * keeps that waiter's place until it lapses; restarted from its append-only file, it brings back places long gone.
+ * So its waiters ask more often (every {@link REDLOCK_POLL_MS} at least), and places lapse sooner.
+ */
+export const REDLOCK_POLL_MS = 250;
+/** Redlock's {@link QUEUE_HEARTBEAT_MS}. */
+export const REDLOCK_HEARTBEAT_MS = 1_500;
+/** Redlock's {@link FREE_HEAD_GRACE_MS}. */
+export const REDLOCK_GRACE_MS = 1_000;
+
 // Constants are part of the scripts' source rather than arguments: every argument costs the client and the server a
 // little on every call. A lock's wake-up channel is its name plus ':w' (lockNames), so it is not sent either.
 const CONSTANTS = `
@@ -28,12 +47,16 @@ local retention = ${FENCE_RETENTION_MS}  -- ms the fence key outlives the lease
 local aheadMax = ${AHEAD_MAX}  -- a refused waiter is told who is ahead of it in line when at most this many are
 local renewUs = ${FENCE_RENEW_US}  -- µs: a fence in a new one of these renews the fence key's expiry
 local heartbeat = ${QUEUE_HEARTBEAT_MS}  -- ms a queued waiter stays queued without re-attempting
+local grace = ${FREE_HEAD_GRACE_MS}  -- ms the first waiter keeps its place once the lock is free and others ask
 `;
 
-// Fair hand-off: waiters queue in `stem:q` (token → arrival µs) with a heartbeat deadline in `stem:d`. A free lock goes
-// to the first live waiter; a waiter that stops re-attempting for `heartbeat` ms drops out. Redlock nodes skip the queue
-// (queue mode ''), since per-node queues could disagree and split every vote. Every script declares `local now = nil`
-// (server µs, read once) before including these; the hot paths run before them, since defining them costs time too.
+// Fair hand-off: waiters queue in `stem:q` (name → place) with a heartbeat deadline in `stem:d`. A free lock goes to
+// the first live waiter; a waiter that stops re-attempting for `heartbeat` ms drops out. On RedisLock a waiter's name
+// is its token and its place the server's clock at arrival. Redlock waiters bring both (a name that outlives each round's
+// token, a place stamped once by the client), so every node orders them alike; lines that disagree anyway (a waiter
+// missing from a node it could not reach) are put right by that waiter's next attempt, which joins where it is missing.
+// Every script declares `local now = nil` (server µs, read once) before including these; the hot paths run before
+// them, since defining them costs time too.
 const FIRST_LIVE = `
 local function clock()
   local t = redis.call('TIME')
@@ -83,14 +106,24 @@ end
 export const ACQUIRE = new Script(`
 local lockKey = KEYS[1]              -- the lock
 local fenceKey = KEYS[2]             -- last fence handed out for this key
-local queueKey = KEYS[3]             -- waiters: token -> arrival µs
-local deadlinesKey = KEYS[4]         -- waiters: token -> heartbeat deadline µs
+local queueKey = KEYS[3]             -- waiters: name -> place
+local deadlinesKey = KEYS[4]         -- waiters: name -> heartbeat deadline µs
 local token = ARGV[1]                -- the new holder's random token
 local ttl = tonumber(ARGV[2])        -- lease time in ms
 local owner = ARGV[3]                -- reentrancy owner, '' for none
 local floor = ARGV[4]                -- lowest acceptable fence, '' to use the server clock in microseconds
-local queue = ARGV[5] or ''          -- '' (or none) ignore the queue, '0' respect it, '1' respect it and join it when refused
+local queue = ARGV[5] or ''          -- '' (or none) ignore the queue (then its two names may be left out), '0' respect
+                                     -- it, '1' respect it and join it when refused
+-- Redlock names its waiter apart from the round's fresh token, and stamps its place in line itself, the same on every
+-- node, so that all nodes order their lines alike (see RedlockStore.attempt). Without them: the token, and arrival by
+-- this server's clock.
+local member = ARGV[6] or token      -- the waiter's name in the line
+local place = ARGV[7]                -- its place in the line (client µs), or none
 ${CONSTANTS}local now = nil
+if place then
+  heartbeat = ${REDLOCK_HEARTBEAT_MS}
+  grace = ${REDLOCK_GRACE_MS}
+end
 
 -- Nobody in line: the lock is ours if the key is free, in one command. (The common case, so it comes before any helper
 -- is defined.) %d keeps all digits, which Lua's default number format would round away.
@@ -125,8 +158,8 @@ ${FIRST_LIVE}
 local function join()
   if queue ~= '1' then return end
   now = now or clock()
-  redis.call('ZADD', queueKey, 'NX', now, token)
-  redis.call('HSET', deadlinesKey, token, now + heartbeat * 1000)
+  redis.call('ZADD', queueKey, 'NX', place or now, member)
+  redis.call('HSET', deadlinesKey, member, now + heartbeat * 1000)
   redis.call('PEXPIRE', queueKey, heartbeat)
   redis.call('PEXPIRE', deadlinesKey, heartbeat)
 end
@@ -134,7 +167,7 @@ end
 -- A refusal. A queued waiter also learns who is ahead of it in the line (when few are), so that a release in its own
 -- process can tell once it is first, and let it in at once (see TRANSFER).
 local function refused(pttl)
-  if queue ~= '1' then return {0, pttl} end
+  if queue ~= '1' or place then return {0, pttl} end
   local rank = redis.call('ZRANK', queueKey, token)
   if not rank or rank > aheadMax then return {0, pttl} end
   if rank == 0 then return {0, pttl, {}} end
@@ -167,20 +200,33 @@ if cur then
   end
   join()
   -- Whoever waits for a release must hear it: Redlock waiters ('') and queued ones ('1').
-  if w == '0' and queue ~= '0' then redis.call('SET', lockKey, record(t, f, n, 1, o), 'XX', 'KEEPTTL') end
+  if w == '0' and queue == '1' then redis.call('SET', lockKey, record(t, f, n, 1, o), 'XX', 'KEEPTTL') end
   return refused(redis.call('PTTL', lockKey))
 end
 
 -- Free, with a line: the first live waiter's turn.
 local head = firstLive(queueKey, deadlinesKey)
-if head and head ~= token then
+if head and head ~= member then
+  -- Those ahead of us have grace ms to show up (one that has gone stops holding the line up sooner than its
+  -- heartbeat would let it); live ones refresh their place with their next attempt.
+  local due = now + grace * 1000
+  for _, name in ipairs(redis.call('ZRANGE', queueKey, 0, aheadMax - 1)) do
+    if name == member then break end
+    if tonumber(redis.call('HGET', deadlinesKey, name) or '0') > due then redis.call('HSET', deadlinesKey, name, due) end
+  end
   join()
   return refused(-1)
 end
 local waiters = 0
 if head then
-  redis.call('ZREM', queueKey, token)
-  redis.call('HDEL', deadlinesKey, token)
+  if place then
+    -- A Redlock waiter keeps its place until its release (or it would lose it wherever a round it lost granted it), but
+    -- no longer than the lock: should its holder vanish, the line moves on when the lock expires.
+    redis.call('HSET', deadlinesKey, member, now + math.min(heartbeat, ttl) * 1000)
+  else
+    redis.call('ZREM', queueKey, member)
+    redis.call('HDEL', deadlinesKey, member)
+  end
   if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
 end
 local f = proposal()
@@ -208,39 +254,53 @@ return pttl
  * Drop one hold of `token`; at zero, delete the lock and, if anyone was refused meanwhile, pass it on. With a queue the
  * first live waiter gets it: when that is `heir` (a waiter in the releasing process), the lock is handed to it right
  * here and the reply is {1, fence}, saving the waiter a wake-up and a round trip; otherwise the waiter is woken by
- * name (nobody when none is queued: every waiter queues before it listens). Without a queue (Redlock) everyone is woken
- * (''). 1 when the token held the lock, else 0.
+ * name (nobody when none is queued: every waiter queues before it listens). 1 when the token held the lock, else 0;
+ * 2 when it was freed and someone was refused meanwhile but the line's names were not given (then call WAKE).
  */
 export const RELEASE = new Script(`
 local lockKey = KEYS[1]              -- the lock
-local queueKey = KEYS[2]             -- waiters: token -> arrival µs
-local deadlinesKey = KEYS[3]         -- waiters: token -> heartbeat deadline µs
+local queueKey = KEYS[2]             -- waiters: name -> place (may be left out, see above)
+local deadlinesKey = KEYS[3]         -- waiters: name -> heartbeat deadline µs
 local fenceKey = KEYS[4]             -- last fence handed out (only with heir)
 local token = ARGV[1]                -- the holder's token
-local queue = ARGV[2] or ''          -- '' (or none) when the queue is not used (Redlock)
-local heir = ARGV[3] or ''           -- token of a local waiter to hand the lock to if it is first in line, or ''
-local heirTtl = tonumber(ARGV[4])    -- its lease time in ms
-local heirOwner = ARGV[5]            -- its reentrancy owner
+local heir = ARGV[2] or ''           -- token of a local waiter to hand the lock to if it is first in line, or ''
+local heirTtl = tonumber(ARGV[3])    -- its lease time in ms
+local heirOwner = ARGV[4]            -- its reentrancy owner
+local leaving = ARGV[5] or ''        -- Redlock: the holder's name in the line, kept there while it held, or ''
 local channel = lockKey .. ':w'      -- wake-up channel of this key
 ${CONSTANTS}local now = nil
 
 -- The common case first, before any helper is defined: our only hold, nobody refused meanwhile.
 local cur = redis.call('GET', lockKey)
-if not cur or string.find(cur, token .. ' ', 1, true) ~= 1 then return 0 end
-local f, n, w = string.match(cur, '^(%d+) (%d+) (%d) ', #token + 2)
-if not n then return 0 end
-if n == '1' then
-  redis.call('DEL', lockKey)
-  if w == '0' then return 1 end
+local f, n, w
+if cur and string.find(cur, token .. ' ', 1, true) == 1 then f, n, w = string.match(cur, '^(%d+) (%d+) (%d) ', #token + 2) end
+if leaving == '' then
+  if not n then return 0 end
+  if n == '1' then
+    redis.call('DEL', lockKey)
+    if w == '0' then return 1 end
+    -- Freed with someone refused meanwhile, but called without the line's names (Redlock, for whom sending them on
+    -- every release costs more than this rare second call): the caller sends WAKE.
+    if not queueKey then return 2 end
+  end
 end
 ${FIRST_LIVE}
+if leaving ~= '' then
+  -- Out of the line on every node, also where this lease did not hold the lock: there it may have been first.
+  redis.call('ZREM', queueKey, leaving)
+  redis.call('HDEL', deadlinesKey, leaving)
+  if not n then
+    if not cur then
+      local head = firstLive(queueKey, deadlinesKey)
+      if head then redis.call('PUBLISH', channel, head) end
+    end
+    return 0
+  end
+  if n == '1' then redis.call('DEL', lockKey) end
+end
 if n ~= '1' then
   local t, f, n, w, o = parse(cur)
   redis.call('SET', lockKey, record(t, f, n - 1, w, o), 'XX', 'KEEPTTL')
-  return 1
-end
-if queue == '' then
-  redis.call('PUBLISH', channel, '')
   return 1
 end
 -- A waiter that fell out of the line (no attempt for the heartbeat) is not woken here: it polls and re-attempts.
@@ -269,8 +329,8 @@ return {1, fenced(lockKey, fenceKey, heir, heirOwner, nf, heirTtl, retention, wa
  */
 export const TRANSFER = new Script(`
 local lockKey = KEYS[1]              -- the lock
-local queueKey = KEYS[2]             -- waiters: token -> arrival µs
-local deadlinesKey = KEYS[3]         -- waiters: token -> heartbeat deadline µs
+local queueKey = KEYS[2]             -- waiters: name -> place
+local deadlinesKey = KEYS[3]         -- waiters: name -> heartbeat deadline µs
 local fenceKey = KEYS[4]             -- last fence handed out
 local from = ARGV[1]                 -- the releasing holder's token
 local to = ARGV[2]                   -- the waiter let in
@@ -313,8 +373,8 @@ return 1
  */
 export const LEAVE = new Script(`
 local lockKey = KEYS[1]        -- the lock
-local queueKey = KEYS[2]       -- waiters: token -> arrival µs
-local deadlinesKey = KEYS[3]   -- waiters: token -> heartbeat deadline µs
+local queueKey = KEYS[2]       -- waiters: name -> place
+local deadlinesKey = KEYS[3]   -- waiters: name -> heartbeat deadline µs
 local token = ARGV[1]          -- the waiter's token
 local channel = lockKey .. ':w'  -- wake-up channel of this key
 local now = nil
@@ -331,6 +391,18 @@ redis.call('HDEL', deadlinesKey, token)
 if redis.call('EXISTS', lockKey) == 0 then wakeFirst() end
 return 1
 `, { sharedClock: true });
+
+/** Redlock: wake the first live waiter in line if the lock is free (after a RELEASE that answered 2). */
+export const WAKE = new Script(`
+local lockKey = KEYS[1]        -- the lock
+local queueKey = KEYS[2]       -- waiters: name -> place
+local deadlinesKey = KEYS[3]   -- waiters: name -> heartbeat deadline µs
+local channel = lockKey .. ':w'  -- wake-up channel of this key
+local now = nil
+${FIRST_LIVE}${WAKE_FIRST}
+if redis.call('EXISTS', lockKey) == 0 then wakeFirst() end
+return 1
+`);
 
 /** Redlock: raise this node's fence to `fence` while `token` holds the lock. 1 when written, 0 when not held. */
 export const RAISE_FENCE = new Script(`

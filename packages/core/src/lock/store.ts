@@ -81,6 +81,8 @@ export interface LockStore {
    * later is the same lock), false when it gives up (a grant arriving later is freed).
    */
   waitHere?(key: string, token: string, owner: string, ttl: number, granted: (grant: Grant, since: number) => void): (acquired: boolean) => void;
+  /** Longest sleep of a waiter between two attempts, ms, when it is not woken (default 1 s): its place in line lapses without them. */
+  readonly pollMs?: number;
   /** Ms to take off a lease of `ttl` ms for clock drift and rate differences. */
   drift(ttl: number): number;
   /** The clock leases are measured with (epoch ms). */

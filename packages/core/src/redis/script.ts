@@ -180,6 +180,14 @@ return out
 }
 
 /**
+ * Whether calls of `script` can share a command with other calls (a script that reads KEYS or ARGV as a whole, or whose
+ * source merely names them outside an index, cannot). For tests: every script of hasp's own hot paths must.
+ */
+export function isBundled(script: Script): boolean {
+  return bundleOf(script) !== undefined;
+}
+
+/**
  * How a script runs many of its calls in one command, cheaper than the bundle, which pays per call for its generality
  * (a header to decode, a pcall, a reply table; a token bucket take spends a third of its time in Redis on them). Such a
  * command's KEYS are every call's keys in order; its ARGV is the leading arguments the calls share, then each call's

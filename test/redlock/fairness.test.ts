@@ -1,0 +1,217 @@
+// Redlock's waiting line: waiters of different processes (here: Redlocks with connections of their own) take turns,
+// because every node orders its line by a place each waiter stamps once and sends to all nodes alike. Before the line,
+// Redlock woke every waiter at a release and the fastest attempt won, so one process could do most of the work.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Lease, Redlock } from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { REDLOCK_GRACE_MS, REDLOCK_HEARTBEAT_MS, REDLOCK_POLL_MS } from '../../packages/core/src/lock/scripts.lua.js';
+import { startRedisNodes, stopAll } from '../harness/redis.js';
+import { until, within } from '../core/helpers.js';
+import { freshPrefix, Nodes } from './support.js';
+
+let nodes: Nodes;
+const made: { locker: Redlock; clients: { disconnect(): void }[] }[] = [];
+
+beforeAll(async () => {
+  nodes = new Nodes(await startRedisNodes(5));
+});
+
+afterAll(async () => {
+  for (const m of made) {
+    m.locker.close();
+    for (const c of m.clients) c.disconnect();
+  }
+  nodes?.close();
+  await stopAll();
+});
+
+function redlock(prefix: string): Redlock {
+  const m = nodes.redlock({ prefix });
+  made.push(m);
+  return m.locker;
+}
+
+/** How many waiters are in `key`'s line on node `i`. */
+function lineLength(i: number, prefix: string, key: string): Promise<number> {
+  return nodes.admins[i]!.zcard(lockNames(prefix, key).queue);
+}
+
+/** Waits until `n` waiters are in `key`'s line on every node. */
+function inLineEverywhere(prefix: string, key: string, n: number, timeoutMs = 5_000): Promise<void> {
+  return until(
+    async () => (await Promise.all([0, 1, 2, 3, 4].map((i) => lineLength(i, prefix, key)))).every((len) => len === n),
+    timeoutMs,
+    `${n} waiter(s) in the line of ${key} on every node`,
+  );
+}
+
+/**
+ * Waits until every node holds `key`'s lock. An acquire settles at the quorum, so the other nodes' grants may still be
+ * on their way; a waiter whose attempt overtook one would take that node (it has no line yet), and not join its line.
+ */
+function heldEverywhere(prefix: string, key: string): Promise<void> {
+  return until(async () => (await nodes.holders(prefix, key)).length === 5, 5_000, `the lock of ${key} on every node`);
+}
+
+/** Puts a waiter that never attempts (its process died) first in `key`'s line on nodes `on`, live for `liveMs`. */
+async function ghost(prefix: string, key: string, on: readonly number[], name: string, place: number, liveMs: number): Promise<void> {
+  const n = lockNames(prefix, key);
+  await Promise.all(
+    on.map(async (i) => {
+      const admin = nodes.admins[i]!;
+      const [secs, micros] = await admin.time();
+      const now = Number(secs) * 1e6 + Number(micros);
+      await admin.zadd(n.queue, place, name);
+      await admin.hset(n.deadlines, name, now + liveMs * 1_000);
+      await admin.pexpire(n.queue, liveMs + 1_000);
+      await admin.pexpire(n.deadlines, liveMs + 1_000);
+    }),
+  );
+}
+
+describe('Redlock waiting line', () => {
+  it('lets waiters of several processes in in the order they arrived, whichever is fastest', async () => {
+    const prefix = freshPrefix('fifo');
+    const key = 'order:1';
+    const holder = redlock(prefix);
+    const others = [redlock(prefix), redlock(prefix)];
+    const first = await holder.acquire(key, { ttl: 10_000 });
+    await heldEverywhere(prefix, key);
+    // Six waiters, alternating between the two processes (and the holder's), each arriving once the one before is in
+    // line on every node.
+    const order: number[] = [];
+    const waiters: Promise<void>[] = [];
+    const lockers = [others[0]!, others[1]!, holder, others[0]!, others[1]!, holder];
+    for (const [i, locker] of lockers.entries()) {
+      waiters.push(
+        locker.acquire(key, { ttl: 10_000, wait: 10_000 }).then(async (lease) => {
+          order.push(i);
+          await lease.release();
+        }),
+      );
+      await inLineEverywhere(prefix, key, i + 1);
+    }
+    // Someone who does not wait cannot jump the line either, while the lock is free between two waiters.
+    expect(await others[0]!.tryAcquire(key)).toBeNull();
+    await first.release();
+    await within(Promise.all(waiters), 5_000, 'every waiter to get its turn');
+    expect(order).toEqual([0, 1, 2, 3, 4, 5]);
+    // Nobody is left in line on any node: each waiter kept its place while it held the lock, and its release took it
+    // out (well before the place would have lapsed).
+    await inLineEverywhere(prefix, key, 0, REDLOCK_HEARTBEAT_MS / 3);
+  });
+
+  it('shares a contended key evenly between two processes of four workers each', async () => {
+    const prefix = freshPrefix('share');
+    const key = 'hot';
+    const lockers = [redlock(prefix), redlock(prefix)];
+    const SECTIONS = 480;
+    const perWorker = Array.from({ length: 8 }, () => 0);
+    let done = 0;
+    let inside = 0;
+    let longestWait = 0;
+    await within(
+      Promise.all(
+        perWorker.map(async (_, w) => {
+          while (done < SECTIONS) {
+            const asked = performance.now();
+            const lease = await lockers[w % 2]!.acquire(key, { ttl: 10_000, wait: 10_000 });
+            longestWait = Math.max(longestWait, performance.now() - asked);
+            inside++;
+            expect(inside).toBe(1);
+            // Hold it across a round trip to Redis, as real work would.
+            await nodes.admins[0]!.incr(`${prefix}work`);
+            inside--;
+            done++;
+            perWorker[w]!++;
+            await lease.release();
+          }
+        }),
+      ),
+      60_000,
+      'the contended run',
+    );
+    const least = Math.min(...perWorker);
+    const most = Math.max(...perWorker);
+    // They take turns: each worker's count is within a section or two of every other's. (Before the line, the
+    // workers of whichever process happened to be faster did up to 1.5× the others' sections here, up to 3× in the
+    // benchmark's setting.)
+    expect(least / most, `sections per worker: ${perWorker.join(', ')}`).toBeGreaterThanOrEqual(0.9);
+    // Each waits for the seven others' turns, not for a poll or a lucky race.
+    expect(longestWait).toBeLessThan(1_000);
+  });
+
+  it('takes a waiter that gives up out of the line on every node, so the next one gets the lock at the release', async () => {
+    const prefix = freshPrefix('leave');
+    const key = 'k';
+    const [a, b, c] = [redlock(prefix), redlock(prefix), redlock(prefix)];
+    const held = await a.acquire(key, { ttl: 10_000 });
+    await heldEverywhere(prefix, key);
+    const quitter = b.acquire(key, { ttl: 10_000, wait: 300 });
+    quitter.catch(() => undefined);
+    await inLineEverywhere(prefix, key, 1);
+    const patient = c.acquire(key, { ttl: 10_000, wait: 10_000 });
+    await inLineEverywhere(prefix, key, 2);
+    await expect(quitter).rejects.toThrow(/busy|held/i);
+    // The quitter's rejection comes once a quorum of nodes has dropped it; the rest follow within a round trip.
+    await inLineEverywhere(prefix, key, 1);
+    const released = performance.now();
+    await held.release();
+    const next = await within(patient, 2_000, 'the patient waiter');
+    // Woken by the release, not after the quitter's place lapsed.
+    expect(performance.now() - released).toBeLessThan(REDLOCK_GRACE_MS / 2);
+    await next.release();
+  });
+
+  it('is not held up by a dead waiter first in line on a minority of nodes', async () => {
+    const prefix = freshPrefix('ghost-minority');
+    const key = 'k';
+    const locks = redlock(prefix);
+    await ghost(prefix, key, [0, 1], 'ghost', 1, REDLOCK_HEARTBEAT_MS);
+    const started = performance.now();
+    const lease = await locks.acquire(key, { ttl: 10_000, wait: 10_000 });
+    expect(performance.now() - started).toBeLessThan(500);
+    await lease.release();
+  });
+
+  it('lets the next waiter in once a dead waiter first in line on a majority has not asked for the free lock in time', async () => {
+    const prefix = freshPrefix('ghost-majority');
+    const key = 'k';
+    const locks = redlock(prefix);
+    // Its place would last 10 s; from the moment someone else asks for the free lock, it has the grace to ask too.
+    await ghost(prefix, key, [0, 1, 2], 'ghost', 1, 10_000);
+    const started = performance.now();
+    const lease = await locks.acquire(key, { ttl: 10_000, wait: 10_000 });
+    const waited = performance.now() - started;
+    expect(waited).toBeGreaterThan(REDLOCK_GRACE_MS - 100);
+    expect(waited).toBeLessThan(REDLOCK_GRACE_MS + REDLOCK_POLL_MS + 1_000);
+    await lease.release();
+  });
+
+  it('gets past lines that disagree: two dead waiters first on two different minorities', async () => {
+    const prefix = freshPrefix('ghosts-split');
+    const key = 'k';
+    const locks = redlock(prefix);
+    // Nodes 0 and 1 put ghost 1 first, nodes 2 and 3 ghost 2; node 4 has no line. No waiter is first on a majority
+    // until the ghosts' grace is over; then the live waiter, which joined every line in its first round, is.
+    await ghost(prefix, key, [0, 1], 'ghost-1', 1, 10_000);
+    await ghost(prefix, key, [2, 3], 'ghost-2', 2, 10_000);
+    const scripts = async () => {
+      let calls = 0;
+      for (const admin of nodes.admins) {
+        const stats = (await admin.info('commandstats')) as string;
+        for (const m of stats.matchAll(/cmdstat_(?:evalsha|eval):calls=(\d+)/g)) calls += Number(m[1]);
+      }
+      return calls;
+    };
+    const before = await scripts();
+    const started = performance.now();
+    const lease: Lease = await locks.acquire(key, { ttl: 10_000, wait: 10_000 });
+    const waited = performance.now() - started;
+    expect(waited).toBeGreaterThan(REDLOCK_GRACE_MS - 100);
+    expect(waited).toBeLessThan(REDLOCK_GRACE_MS + REDLOCK_POLL_MS + 1_000);
+    // It retried while it waited, but at Redlock's retry pace (tens of ms), not in a tight loop.
+    expect(await scripts() - before).toBeLessThan(5 * 200);
+    await lease.release();
+  });
+});
