@@ -170,11 +170,17 @@ async function contended(nodes: RedisNode[]): Promise<Results['contended']> {
   for (const lib of ['redlock5', 'redlock4', 'sesame', 'rs-mutex'] as const) {
     for (const mode of ['default', 'tuned'] as const) cases.push({ lib, nodes: 1, mode, waits: true });
   }
+  // The same workers split between two clients, as between two processes: whether waiters take turns across them.
+  cases.push(
+    { lib: 'hasp', nodes: 1, mode: 'default', waits: true, clients: 2 },
+    { lib: 'hasp-redlock', nodes: 5, mode: 'default', waits: true, clients: 2 },
+    { lib: 'redlock5', nodes: 1, mode: 'tuned', waits: true, clients: 2 },
+  );
   const ports = nodes.map((n) => n.port);
   const results = await interleaved(
     'locks contended',
     cases,
-    (c) => `${c.lib} ${c.mode} ${c.nodes} node(s)`,
+    (c) => `${c.lib} ${c.mode} ${c.nodes} node(s)${(c.clients ?? 1) > 1 ? ` ${c.clients} clients` : ''}`,
     (spec) => {
       const { workers, holdMs, warmupMs, measureMs } = CONFIG.contended;
       const job: LockJob = { spec, ports, runId: runId(), workers, holdMs, warmupMs, measureMs };

@@ -173,7 +173,7 @@ export function targets(res: Results): Target[] {
   }
 
   if (res.contended.length) {
-    const hasp = res.contended.find((r) => r.case.lib === 'hasp')?.median;
+    const hasp = res.contended.find((r) => r.case.lib === 'hasp' && single(r.case))?.median;
     const local = res.contended.find((r) => r.case.lib === 'local')?.median;
     const ok = (b: boolean) => (hasp ? b : null);
     add('Contended (RedisLock, 8 workers, 1 ms hold): wait p99 ≤ 20 ms', `${ms(hasp?.waitP99)} ms`, ok((hasp?.waitP99 ?? Infinity) <= 20));
@@ -188,6 +188,18 @@ export function targets(res: Results): Target[] {
     );
     const violations = res.contended.reduce((n, r) => n + r.runs.reduce((m, x) => m + x.violations, 0), 0);
     add('Contended: no mutual-exclusion violation (every library, every run)', `${violations} violation(s)`, violations === 0);
+    // Not in the issue: the same workers split between two clients, as between two processes.
+    for (const lib of ['hasp', 'hasp-redlock'] as const) {
+      const row = res.contended.find((r) => r.case.lib === lib && !single(r.case));
+      if (!row) continue;
+      const m = row.median;
+      const f = m ? m.perWorkerMin / m.perWorkerMax : NaN;
+      add(
+        `(check) Contended, ${lockLabel(row.case)}: no worker below 0.7× the busiest`,
+        `min/max = ${int(m?.perWorkerMin)}/${int(m?.perWorkerMax)} = ${ratio(f)}`,
+        m ? f >= 0.7 : null,
+      );
+    }
   }
 
   if (res.http.length) {
@@ -315,6 +327,11 @@ function uncontendedSection(res: Results): string {
   return parts.join('\n');
 }
 
+/** A contended case whose workers share one client (the issue's setting), not split between several. */
+function single(spec: LockSpec): boolean {
+  return (spec.clients ?? 1) === 1;
+}
+
 function contendedSection(res: Results): string {
   const c = res.config.contended;
   const local = res.contended.find((r) => r.case.lib === 'local')?.median;
@@ -326,7 +343,8 @@ function contendedSection(res: Results): string {
       'Baseline: a perfect in-process FIFO mutex doing the same 1 ms holds (the ceiling); `(1.50×)` after a figure is its ratio ' +
       'to the ceiling\'s (its waits are the FIFO ideal: seven holds ahead). Hand-off: from the holder calling release() ' +
       'to the next holder returning from acquire(). Failed: acquisitions that gave up (retry budget or wait exhausted). ' +
-      'Violations: two holders inside at once (sum over all runs).',
+      'Violations: two holders inside at once (sum over all runs). `2 clients`: the same workers split between two ' +
+      'instances of the library with connections of their own, alternately, as between two processes.',
     '',
     table(
       ['library', 'cs/s', '× ceiling', 'wait p50 ms', 'wait p99 ms', 'wait max ms', 'failed', 'cs per worker min / max', 'hand-off p50 ms', 'hand-off p99 ms', 'violations'],
@@ -454,8 +472,8 @@ export function headline(res: Results): string {
     ]);
   }
   const local = res.contended.find((r) => r.case.lib === 'local')?.median;
-  const hc = res.contended.find((r) => r.case.lib === 'hasp')?.median;
-  const peers = res.contended.filter((r) => !isHasp(r.case.lib) && r.case.lib !== 'local' && r.median);
+  const hc = res.contended.find((r) => r.case.lib === 'hasp' && single(r.case))?.median;
+  const peers = res.contended.filter((r) => !isHasp(r.case.lib) && r.case.lib !== 'local' && single(r.case) && r.median);
   const bestCs = [...peers].sort((a, b) => b.median!.sectionsPerSec - a.median!.sectionsPerSec)[0];
   if (local && hc && bestCs) {
     rows.push([

@@ -20,6 +20,12 @@ export interface LockSpec {
   mode: WaitMode;
   /** Whether the case waits for a busy lock (contended) or expects it free (uncontended). */
   waits: boolean;
+  /**
+   * Contended only: how many instances of the library, each with connections of its own, share the workers (default
+   * 1). With 2, the workers take turns between two clients as between two processes: nothing in one client knows the
+   * other's waiters.
+   */
+  clients?: number;
 }
 
 /** One worker's view of one key. */
@@ -55,7 +61,8 @@ export function lockLabel(spec: LockSpec): string {
     'rs-redlock': 'redis-semaphore RedlockMutex',
   };
   const wait = spec.waits && spec.lib !== 'local' && !spec.lib.startsWith('hasp') ? ` [${spec.mode}]` : '';
-  return names[spec.lib] + wait;
+  const clients = (spec.clients ?? 1) > 1 ? `, ${spec.clients} clients` : '';
+  return names[spec.lib] + wait + clients;
 }
 
 /** Whether a library is hasp (for ratios against the best peer). */

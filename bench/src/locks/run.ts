@@ -135,7 +135,7 @@ export async function runUncontended(job: LockJob): Promise<UncontendedResult> {
 }
 
 export async function runContended(job: LockJob): Promise<ContendedResult> {
-  const lib = await makeLockLib(job.spec, job.ports);
+  const libs = await Promise.all(Array.from({ length: job.spec.clients ?? 1 }, () => makeLockLib(job.spec, job.ports)));
   const hold = job.holdMs ?? 1;
   const wait = new Samples();
   const handoff = new Samples();
@@ -156,7 +156,7 @@ export async function runContended(job: LockJob): Promise<ContendedResult> {
   });
   const key = `bench:c:${job.runId}`;
   const worker = async (i: number) => {
-    const h = lib.handle(key);
+    const h = libs[i % libs.length]!.handle(key);
     while (!w.stopped()) {
       const t0 = performance.now();
       try {

@@ -13,8 +13,8 @@ export interface AcquireOptions {
    */
   ttl?: number;
   /**
-   * Milliseconds to keep trying while the key is busy. Waiters are woken when the holder releases
-   * (pub/sub on Redis), with polling only as a fallback.
+   * Milliseconds to keep trying while the key is busy. Waiters queue, and the lock goes to them in order of arrival,
+   * across processes: a release wakes the first one (pub/sub on Redis), with polling only as a fallback.
    * @default the locker's `wait` (0: fail fast)
    */
   wait?: number;

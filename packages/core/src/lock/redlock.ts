@@ -15,7 +15,8 @@ export const REDLOCK_DEFAULTS = { retryCount: 2, retryDelay: 50 } as const;
  * The Redlock algorithm over N independent Redis masters: a lock is held when a quorum (default a majority) granted it
  * and its validity (ttl − elapsed − drift) is still positive. Attempts go to all nodes in parallel and settle as soon as
  * the outcome is known; a failed attempt is undone on every node. Fences stay strictly increasing across leases even
- * though the nodes share nothing (see the README's "Fencing tokens").
+ * though the nodes share nothing (see the README's "Fencing tokens"). Callers that wait queue on every node in one
+ * order (each stamps its place once and sends it to all), so waiters of different processes take turns.
  *
  * @example
  * ```ts
