@@ -411,8 +411,9 @@ export class RedlockStore implements LockStore {
   private placeOf(waiter: string): Place {
     let line = this.places.get(waiter);
     if (line === undefined) {
-      // Leaves this map when let in, or in leave(), which the locker calls for every waiter that gives up.
-      this.lastPlace = Math.max(Math.round((performance.timeOrigin + performance.now()) * 1_000), this.lastPlace + 1);
+      // The wall clock, which other processes share (through NTP), in µs, kept unique here. Leaves this map when let
+      // in, or in leave(), which the locker calls for every waiter that gives up.
+      this.lastPlace = Math.max(Date.now() * 1_000, this.lastPlace + 1);
       line = { name: waiter, place: this.lastPlace, joined: false };
       this.places.set(waiter, line);
     }
