@@ -1,5 +1,5 @@
 // RedisLock against a real redis-server beyond the shared contract: a dead or frozen server, and where keys and
-// channels live in Redis.
+// channels live in Redis, and a line whose first waiter went away.
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
@@ -166,7 +166,7 @@ describe('RedisLock when Redis fails', () => {
   });
 });
 
-describe('RedisLock keys and channels', () => {
+describe('RedisLock keys, channels and line', () => {
   let node: RedisNode;
   let admin: Redis;
 
@@ -234,16 +234,6 @@ describe('RedisLock keys and channels', () => {
     expect(await a.release()).toBe(true);
     expect(await forged.release()).toBe(true);
     locks.close();
-  });
-});
-
-describe('RedisLock line', () => {
-  let node: RedisNode;
-  let admin: Redis;
-
-  beforeAll(async () => {
-    node = await startRedis();
-    admin = node.client();
   });
 
   it('lets a waiter in once a waiter ahead of it that went away has not asked for the free lock within the grace', async () => {
