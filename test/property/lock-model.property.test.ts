@@ -8,10 +8,11 @@ import {
   LockLostError,
   MemoryLock,
   RedisLock,
+  Redlock,
   type Lease,
   type Locker,
 } from '../../packages/core/src/index.js';
-import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { startRedis, startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
 import { rejection, uniquePrefix } from '../core/helpers.js';
 
 afterAll(async () => {
@@ -321,6 +322,30 @@ describe('RedisLock against the lock model, in real time', () => {
         }
       }),
       { numRuns: 60 },
+    );
+  });
+});
+
+describe('Redlock (3 nodes) against the lock model, in real time', () => {
+  let clients: Redis[];
+
+  beforeAll(async () => {
+    clients = (await startRedisNodes(3)).map((n) => n.client());
+  });
+
+  it('keeps mutual exclusion, reentrancy, growing fences, and the documented results of every call', async () => {
+    await fc.assert(
+      fc.asyncProperty(lockCommands(false), async (cmds) => {
+        const locker = new Redlock(clients, { prefix: uniquePrefix('model') });
+        const real: Real = { locker, leases: [], tokens: new Map(), clock: { t: Date.now() } };
+        try {
+          await fc.asyncModelRun(() => ({ model: emptyModel(Date.now(), false), real }), cmds);
+        } finally {
+          for (const lease of real.leases) await lease.release();
+          locker.close();
+        }
+      }),
+      { numRuns: 40 },
     );
   });
 });
