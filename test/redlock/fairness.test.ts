@@ -163,6 +163,26 @@ describe('Redlock waiting line', () => {
     await next.release();
   });
 
+  it('wakes the first waiter by message when a lease that never queued is released', async () => {
+    const prefix = freshPrefix('wake');
+    const key = 'k';
+    const [a, b] = [redlock(prefix), redlock(prefix)];
+    // Taken at once, so its release does not send the line's names: each node that frees the lock with a waiter
+    // refused meanwhile says so, and is sent WAKE, which publishes the first waiter's name.
+    const held = await a.acquire(key, { ttl: 10_000 });
+    await heldEverywhere(prefix, key);
+    const waiter = b.acquire(key, { ttl: 10_000, wait: 10_000 });
+    await inLineEverywhere(prefix, key, 1);
+    await Promise.all(nodes.admins.map((admin) => admin.config('RESETSTAT')));
+    await held.release();
+    const next = await within(waiter, 2_000, 'the waiter');
+    const published = await Promise.all(
+      nodes.admins.map(async (admin) => Number(/cmdstat_publish:calls=(\d+)/.exec((await admin.info('commandstats')) as string)?.[1] ?? 0)),
+    );
+    expect(published.reduce((x, y) => x + y, 0)).toBeGreaterThanOrEqual(3);
+    await next.release();
+  });
+
   it('is not held up by a dead waiter first in line on a minority of nodes', async () => {
     const prefix = freshPrefix('ghost-minority');
     const key = 'k';
