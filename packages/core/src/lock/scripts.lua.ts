@@ -47,7 +47,7 @@ local retention = ${FENCE_RETENTION_MS}  -- ms the fence key outlives the lease
 local aheadMax = ${AHEAD_MAX}  -- a refused waiter is told who is ahead of it in line when at most this many are
 local renewUs = ${FENCE_RENEW_US}  -- µs: a fence in a new one of these renews the fence key's expiry
 local heartbeat = ${QUEUE_HEARTBEAT_MS}  -- ms a queued waiter stays queued without re-attempting
-local grace = ${FREE_HEAD_GRACE_MS}  -- ms the first waiter keeps its place once the lock is free and others ask
+local grace = ${FREE_HEAD_GRACE_MS}  -- ms those ahead keep their places once the lock is free and someone behind asks
 `;
 
 // Fair hand-off: waiters queue in `stem:q` (name → place) with a heartbeat deadline in `stem:d`. A free lock goes to
@@ -199,7 +199,7 @@ if cur then
     return {1, t, f, pttl}
   end
   join()
-  -- Whoever waits for a release must hear it: Redlock waiters ('') and queued ones ('1').
+  -- Whoever waits in line must hear the release.
   if w == '0' and queue == '1' then redis.call('SET', lockKey, record(t, f, n, 1, o), 'XX', 'KEEPTTL') end
   return refused(redis.call('PTTL', lockKey))
 end
