@@ -101,6 +101,29 @@ describe('Redlock waiting line', () => {
     await inLineEverywhere(prefix, key, 0, REDLOCK_HEARTBEAT_MS / 3);
   });
 
+  it('keeps a waiter whose process clock runs a minute fast in its turn, not behind everyone who comes after it', async () => {
+    const prefix = freshPrefix('fast-clock');
+    const key = 'k';
+    const [holder, fast, normal] = [redlock(prefix), redlock(prefix), redlock(prefix)];
+    (fast as unknown as { store: { placeClock: () => number } }).store.placeClock = () => Date.now() + 60_000;
+    const held = await holder.acquire(key, { ttl: 10_000 });
+    await heldEverywhere(prefix, key);
+    const order: string[] = [];
+    const first = fast.acquire(key, { ttl: 10_000, wait: 10_000 }).then(async (lease) => {
+      order.push('fast');
+      await lease.release();
+    });
+    await inLineEverywhere(prefix, key, 1);
+    const second = normal.acquire(key, { ttl: 10_000, wait: 10_000 }).then(async (lease) => {
+      order.push('normal');
+      await lease.release();
+    });
+    await inLineEverywhere(prefix, key, 2);
+    await held.release();
+    await within(Promise.all([first, second]), 5_000, 'both waiters');
+    expect(order).toEqual(['fast', 'normal']);
+  });
+
   it('shares a contended key evenly between two processes of four workers each', async () => {
     const prefix = freshPrefix('share');
     const key = 'hot';

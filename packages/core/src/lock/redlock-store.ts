@@ -413,11 +413,16 @@ export class RedlockStore implements LockStore {
     if (line === undefined) {
       // The wall clock, which other processes share (through NTP), in µs, kept unique here. Leaves this map when let
       // in, or in leave(), which the locker calls for every waiter that gives up.
-      this.lastPlace = Math.max(Date.now() * 1_000, this.lastPlace + 1);
+      this.lastPlace = Math.max(this.placeClock() * 1_000, this.lastPlace + 1);
       line = { name: waiter, place: this.lastPlace, joined: false };
       this.places.set(waiter, line);
     }
     return line;
+  }
+
+  /** The clock waiters' places come from, epoch ms (a method of its own so that a test can set it apart). */
+  private placeClock(): number {
+    return Date.now();
   }
 
   /** The per-node bound of one round. A long key takes longer to send and parse (its names travel in every call). */

@@ -158,7 +158,11 @@ ${FIRST_LIVE}
 local function join()
   if queue ~= '1' then return end
   now = now or clock()
-  redis.call('ZADD', queueKey, 'NX', place or now, member)
+  -- A place ahead of this server's clock (its client's clock is fast) counts as now: waiters of a process whose clock
+  -- runs ahead would otherwise queue behind everyone who arrives until real time catches up with their places.
+  local at = now
+  if place and tonumber(place) < now then at = place end
+  redis.call('ZADD', queueKey, 'NX', at, member)
   redis.call('HSET', deadlinesKey, member, now + heartbeat * 1000)
   redis.call('PEXPIRE', queueKey, heartbeat)
   redis.call('PEXPIRE', deadlinesKey, heartbeat)
