@@ -299,6 +299,26 @@ describe('MemoryLock against the lock model, on an injected clock', () => {
   });
 });
 
+/**
+ * Runs the model against lockers `make` builds (one per run, on a prefix of its own), in real time: no clock moves and
+ * ttls of a minute, so nothing expires during a run and real time can stand for the model's.
+ */
+function realTimeRuns(make: (prefix: string) => Locker & { close(): void }, numRuns: number): Promise<void> {
+  return fc.assert(
+    fc.asyncProperty(lockCommands(false), async (cmds) => {
+      const locker = make(uniquePrefix('model'));
+      const real: Real = { locker, leases: [], tokens: new Map(), clock: { t: Date.now() } };
+      try {
+        await fc.asyncModelRun(() => ({ model: emptyModel(Date.now(), false), real }), cmds);
+      } finally {
+        for (const lease of real.leases) await lease.release();
+        locker.close();
+      }
+    }),
+    { numRuns },
+  );
+}
+
 describe('RedisLock against the lock model, in real time', () => {
   let node: RedisNode;
   let redis: Redis;
@@ -309,20 +329,7 @@ describe('RedisLock against the lock model, in real time', () => {
   });
 
   it('keeps mutual exclusion, reentrancy, growing fences, and the documented results of every call', async () => {
-    await fc.assert(
-      fc.asyncProperty(lockCommands(false), async (cmds) => {
-        const locker = new RedisLock(redis, { prefix: uniquePrefix('model') });
-        const real: Real = { locker, leases: [], tokens: new Map(), clock: { t: Date.now() } };
-        try {
-          // No clock moves and ttls of a minute: nothing expires during a run, so real time can stand for the model's.
-          await fc.asyncModelRun(() => ({ model: emptyModel(Date.now(), false), real }), cmds);
-        } finally {
-          for (const lease of real.leases) await lease.release();
-          locker.close();
-        }
-      }),
-      { numRuns: 60 },
-    );
+    await realTimeRuns((prefix) => new RedisLock(redis, { prefix }), 60);
   });
 });
 
@@ -334,18 +341,6 @@ describe('Redlock (3 nodes) against the lock model, in real time', () => {
   });
 
   it('keeps mutual exclusion, reentrancy, growing fences, and the documented results of every call', async () => {
-    await fc.assert(
-      fc.asyncProperty(lockCommands(false), async (cmds) => {
-        const locker = new Redlock(clients, { prefix: uniquePrefix('model') });
-        const real: Real = { locker, leases: [], tokens: new Map(), clock: { t: Date.now() } };
-        try {
-          await fc.asyncModelRun(() => ({ model: emptyModel(Date.now(), false), real }), cmds);
-        } finally {
-          for (const lease of real.leases) await lease.release();
-          locker.close();
-        }
-      }),
-      { numRuns: 40 },
-    );
+    await realTimeRuns((prefix) => new Redlock(clients, { prefix }), 40);
   });
 });
