@@ -2,7 +2,7 @@
 // Koa 3: each onStoreError policy, 503 LOCK_UNAVAILABLE without running the handler, every request answered within a
 // bound (ioredis's offline queue and retry budget must not hold requests), and recovery without a restart.
 import { TokenBucket } from '@hasp/core';
-import { RateLimiter } from '@hasp/core/http';
+import { RateLimiter, type StoreStateEvent } from '@hasp/core/http';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
@@ -210,5 +210,75 @@ describe('rate limiters sharing one client while its Redis is down', () => {
     } finally {
       process.off('warning', onWarning);
     }
+  });
+});
+
+describe('onStoreState', () => {
+  it('tells each limiter once when its Redis goes down and once when it is back, however many requests meet the outage', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await ready(client);
+    const heard: StoreStateEvent[][] = [[], []];
+    const limiter = (i: number, hook?: (e: StoreStateEvent) => void) =>
+      new RateLimiter(
+        { capacity: 5, rate: '1/h', redis: client, policy: 'state', key: 'k', onStoreState: hook ?? ((e) => void heard[i]!.push(e)) },
+        () => 'k',
+      );
+    // Two limiters on the same bucket (same client and policy) share its circuit; a third one's hook throws.
+    const limiters = [
+      limiter(0),
+      limiter(1),
+      limiter(2, () => {
+        throw new Error('a broken hook');
+      }),
+    ];
+    expect((await limiters[0]!.check({}))?.allowed).toBe(true);
+    await own.kill();
+    await notReady(client);
+    // 'memory' (the default): the fallback answers, with or without a throwing hook.
+    for (let i = 0; i < 4; i++) for (const l of limiters) expect((await l.check({}))?.allowed).toBe(true);
+    for (const events of heard) {
+      expect(events.map((e) => e.state)).toEqual(['down']);
+      expect((events[0]!.error as { code?: string }).code).toBe('RATE_LIMIT_UNAVAILABLE');
+    }
+    await own.restart();
+    await ready(client);
+    for (const l of limiters) expect((await l.check({}))?.allowed).toBe(true);
+    for (const events of heard) expect(events.map((e) => e.state)).toEqual(['down', 'up']);
+    client.disconnect();
+    await own.stop();
+  });
+
+  it('hears a frozen Redis go down at the timeout and come back when a probe gets an answer', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await ready(client);
+    const heard: StoreStateEvent[] = [];
+    const limiter = new RateLimiter(
+      { capacity: 5, rate: '1/h', redis: client, policy: 'frozen', key: 'k', onStoreError: 'open', onStoreState: (e) => void heard.push(e) },
+      () => 'k',
+    );
+    expect((await limiter.check({}))?.allowed).toBe(true);
+    own.pause();
+    try {
+      // Unanswered within the bucket's timeout: let through ('open'), and down.
+      expect(await limiter.check({})).toBeUndefined();
+      expect(heard.map((e) => e.state)).toEqual(['down']);
+    } finally {
+      own.resume();
+    }
+    // The connection never dropped, so no 'ready': a probe (sent while requests come in) finds Redis answering.
+    await until(
+      async () => {
+        await limiter.check({});
+        return heard.length === 2;
+      },
+      5_000,
+      'the limiter to hear Redis is back',
+      50,
+    );
+    expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
+    client.disconnect();
+    await own.stop();
   });
 });

@@ -1,7 +1,7 @@
 // Type-level checks (compiled by `pnpm typecheck`, never run): the Express middleware keeps a route's parameter,
 // body and query types, and the Koa middleware accepts typed contexts.
-import { rateLimit, withLock } from '@hasp/express';
-import { rateLimit as koaRateLimit, withLock as koaWithLock } from '@hasp/koa';
+import { rateLimit, withLock, type StoreStateEvent } from '@hasp/express';
+import { rateLimit as koaRateLimit, withLock as koaWithLock, type StoreStateEvent as KoaStoreStateEvent } from '@hasp/koa';
 import express from 'express5';
 import Koa from 'koa3';
 
@@ -86,3 +86,11 @@ app.use(withLock(() => 'global'), ...handlers);
 const koa = new Koa();
 koa.use(koaRateLimit({ capacity: 10, rate: '10/s', key: (ctx) => ctx.ip }));
 koa.use(koaWithLock((ctx) => ctx.path));
+
+// onStoreState's event is typed in both adapters, and exported for hooks written apart.
+const logOutage = (e: StoreStateEvent): void => {
+  assertType<Equal<StoreStateEvent['state'], 'down' | 'up'>>(true);
+  console.warn(`rate limiter's Redis is ${e.state}`, e.error);
+};
+app.use(rateLimit({ capacity: 10, rate: 10, onStoreState: logOutage }));
+new Koa().use(koaRateLimit({ capacity: 10, rate: 10, onStoreState: (e: KoaStoreStateEvent) => void e.error }));

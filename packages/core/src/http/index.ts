@@ -29,4 +29,4 @@ export { checkOptionNames, optionErrors } from './options.js';
 export { MIDDLEWARE_BUCKET_PREFIX, RateLimiter } from './rate-limiter.js';
 export type { HeaderTarget, RateLimitBaseOptions, StoreErrorPolicy } from './rate-limiter.js';
 export { isStoreError, PROBE_INTERVAL_MS, StoreGuard, storeGuard } from './store-guard.js';
-export type { BucketLike } from './store-guard.js';
+export type { BucketLike, StoreStateEvent } from './store-guard.js';

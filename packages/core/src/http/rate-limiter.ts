@@ -9,7 +9,7 @@ import * as v from '../util/validate.js';
 import { rateLimitedError, rateLimitUnavailableError, type MiddlewareHttpError } from './errors.js';
 import { appendListMember, POLICY_FIELD, RATELIMIT_FIELD, RateLimitFields, RETRY_AFTER_FIELD } from './fields.js';
 import { callCost, callKey, type CostFunction, type KeyFunction } from './inputs.js';
-import { isStoreError, storeGuard, type BucketLike, type StoreGuard } from './store-guard.js';
+import { isStoreError, storeGuard, type BucketLike, type StoreGuard, type StoreStateEvent } from './store-guard.js';
 import { checkOptionNames, optionErrors } from './options.js';
 
 /** What to do when the bucket's Redis fails. */
@@ -67,6 +67,13 @@ export interface RateLimitBaseOptions<Arg> {
    * @default 'memory'
    */
   onStoreError?: StoreErrorPolicy;
+  /**
+   * Told when the bucket's Redis goes down (`{ state: 'down', error }`: a call failed, and requests now follow
+   * `onStoreError`) and when it answers again (`{ state: 'up' }`): once per outage, however many requests meet it, so
+   * it can log or count without flooding. A hook that throws is ignored. Never called for in-memory buckets.
+   * @default none
+   */
+  onStoreState?: (event: StoreStateEvent) => void;
 }
 
 /** Where the adapters write the fields: a Node `ServerResponse` (Express's `res`, Koa's `ctx.res`). */
@@ -76,7 +83,7 @@ export interface HeaderTarget {
 }
 
 const NOT_LIMITED: Promise<undefined> = Promise.resolve(undefined);
-const OPTIONS = ['capacity', 'rate', 'redis', 'bucket', 'key', 'cost', 'headers', 'policy', 'onStoreError', 'handler'] as const;
+const OPTIONS = ['capacity', 'rate', 'redis', 'bucket', 'key', 'cost', 'headers', 'policy', 'onStoreError', 'onStoreState', 'handler'] as const;
 const POLICIES: readonly StoreErrorPolicy[] = ['memory', 'open', 'closed'];
 /** Prefix of the Redis keys of buckets the middleware builds itself: `hasp:tb:<policy>:{<key>}`. */
 export const MIDDLEWARE_BUCKET_PREFIX = 'hasp:tb:';
@@ -171,6 +178,7 @@ export class RateLimiter<Arg, H = never> {
         costFn,
         cost,
         onStoreError,
+        onStoreState: o.onStoreState === undefined ? undefined : v.func<(e: StoreStateEvent) => void>('onStoreState', o.onStoreState),
         headers: o.headers === undefined ? true : v.boolean('headers', o.headers),
         handler: o.handler === undefined ? undefined : v.func<H>('handler', o.handler),
       };
@@ -185,6 +193,7 @@ export class RateLimiter<Arg, H = never> {
     this.headers = resolved.headers;
     this.handler = resolved.handler;
     this.guard = storeGuard(this.bucket);
+    if (resolved.onStoreState !== undefined) this.guard?.listen(resolved.onStoreState);
   }
 
   /**
@@ -219,7 +228,7 @@ export class RateLimiter<Arg, H = never> {
     if (!guard.usable()) return this.degraded(guard, key, cost, undefined);
     return this.bucket.take(key, cost).then(undefined, (error: unknown) => {
       if (!isStoreError(error)) throw error;
-      guard.failed();
+      guard.failed(error);
       return this.degraded(guard, key, cost, error);
     });
   }

@@ -14,6 +14,14 @@ export interface BucketLike {
   peek(key: string, cost?: number): Promise<Decision>;
 }
 
+/** What a rate limiter's `onStoreState` hook hears: its Redis went down (with the failure), or answers again. */
+export interface StoreStateEvent {
+  /** `'down'`: a call failed, and requests follow `onStoreError` until Redis answers; `'up'`: it answers again. */
+  readonly state: 'down' | 'up';
+  /** The failure that took it down (a `RateLimitUnavailableError`, its `cause` kept); only with `'down'`. */
+  readonly error?: unknown;
+}
+
 /** Ms between background probes of a Redis that failed without disconnecting (hung, paused, erroring scripts). */
 export const PROBE_INTERVAL_MS = 500;
 // A key nobody uses: peek() on it reads one absent key and writes nothing.
@@ -32,9 +40,11 @@ export class StoreGuard {
   private nextProbe = 0;
   private listening = false;
   private fallbackBucket: TokenBucket | undefined;
+  // Hooks of the limiters on this bucket: told once per outage, not once per failed request.
+  private readonly listeners = new Set<(event: StoreStateEvent) => void>();
   private readonly onReady = (): void => {
     this.listening = false;
-    this.down = false;
+    this.up();
   };
 
   constructor(private readonly bucket: BucketLike) {}
@@ -46,11 +56,17 @@ export class StoreGuard {
     return false;
   }
 
+  /** Adds a hook told when the store goes down and comes back (see {@link StoreStateEvent}). */
+  listen(hook: (event: StoreStateEvent) => void): void {
+    this.listeners.add(hook);
+  }
+
   /** Records a store failure: opens the circuit until Redis answers again. */
-  failed(): void {
+  failed(error?: unknown): void {
     if (!this.down) {
       this.down = true;
       this.nextProbe = Date.now() + PROBE_INTERVAL_MS;
+      this.tell({ state: 'down', error });
     }
     const redis = this.bucket.redis as EventSource | undefined;
     if (!this.listening && typeof redis?.once === 'function') {
@@ -77,13 +93,29 @@ export class StoreGuard {
     this.bucket.peek(PROBE_KEY).then(
       () => {
         this.probing = false;
-        this.down = false;
+        this.up();
       },
       () => {
         this.probing = false;
         this.nextProbe = Date.now() + PROBE_INTERVAL_MS;
       },
     );
+  }
+
+  private up(): void {
+    if (!this.down) return;
+    this.down = false;
+    this.tell({ state: 'up' });
+  }
+
+  private tell(event: StoreStateEvent): void {
+    for (const hook of this.listeners) {
+      try {
+        hook(event);
+      } catch {
+        // A throwing hook must not fail the request that noticed the outage, nor keep the other hooks from hearing it.
+      }
+    }
   }
 }
 
