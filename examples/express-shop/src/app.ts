@@ -2,7 +2,7 @@
 import { TokenBucket } from '@hasp/core';
 import { rateLimit, withLock } from '@hasp/express';
 import express, { type ErrorRequestHandler, type NextFunction, type Request, type Response } from 'express';
-import { pay, type ShopOptions, type Stores } from '@hasp/example-shop-common';
+import { logStoreState, pay, type ShopOptions, type Stores } from '@hasp/example-shop-common';
 
 // The demo's only account.
 const USERS: Record<string, string> = { alice: 'wonderland' };
@@ -15,8 +15,16 @@ export function createApp(stores: Stores, options: ShopOptions): express.Express
 
   // --- SMS codes: 3 per phone number per 10 minutes, and 10 per client IP per 10 minutes. ---
   // Two limiters, two policy names: each has its own buckets, and the response lists both in RateLimit-Policy.
-  const smsPerIp = rateLimit({ capacity: 10, rate: '10/10min', redis, policy: 'sms-ip' });
-  const smsPerPhone = rateLimit({ capacity: 3, rate: '3/10min', redis, policy: 'sms-phone', key: (req) => req.body.phone });
+  // onStoreState logs when Redis goes down (each process then counts alone) and when it is back: once each, not per request.
+  const smsPerIp = rateLimit({ capacity: 10, rate: '10/10min', redis, policy: 'sms-ip', onStoreState: logStoreState('sms-ip') });
+  const smsPerPhone = rateLimit({
+    capacity: 3,
+    rate: '3/10min',
+    redis,
+    policy: 'sms-phone',
+    key: (req) => req.body.phone,
+    onStoreState: logStoreState('sms-phone'),
+  });
 
   app.post('/sms/send', requireFields('phone'), smsPerIp, smsPerPhone, (req, res) => {
     // A real shop would call its SMS provider here.

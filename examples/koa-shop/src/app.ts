@@ -3,7 +3,7 @@ import { TokenBucket } from '@hasp/core';
 import { rateLimit, withLock } from '@hasp/koa';
 import Router from '@koa/router';
 import Koa, { type Context, type Next } from 'koa';
-import { pay, type ShopOptions, type Stores } from '@hasp/example-shop-common';
+import { logStoreState, pay, type ShopOptions, type Stores } from '@hasp/example-shop-common';
 
 declare module 'koa' {
   interface Request {
@@ -25,8 +25,16 @@ export function createApp(stores: Stores, options: ShopOptions): Koa {
 
   // --- SMS codes: 3 per phone number per 10 minutes, and 10 per client IP per 10 minutes. ---
   // Two limiters, two policy names: each has its own buckets, and the response lists both in RateLimit-Policy.
-  const smsPerIp = rateLimit({ capacity: 10, rate: '10/10min', redis, policy: 'sms-ip' });
-  const smsPerPhone = rateLimit({ capacity: 3, rate: '3/10min', redis, policy: 'sms-phone', key: (ctx) => field(ctx, 'phone') });
+  // onStoreState logs when Redis goes down (each process then counts alone) and when it is back: once each, not per request.
+  const smsPerIp = rateLimit({ capacity: 10, rate: '10/10min', redis, policy: 'sms-ip', onStoreState: logStoreState('sms-ip') });
+  const smsPerPhone = rateLimit({
+    capacity: 3,
+    rate: '3/10min',
+    redis,
+    policy: 'sms-phone',
+    key: (ctx) => field(ctx, 'phone'),
+    onStoreState: logStoreState('sms-phone'),
+  });
 
   router.post('/sms/send', requireFields('phone'), smsPerIp, smsPerPhone, (ctx) => {
     // A real shop would call its SMS provider here.

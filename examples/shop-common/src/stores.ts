@@ -79,3 +79,14 @@ function connect(url: string): Redis {
 function redact(url: string): string {
   return url.replace(/\/\/[^@/]*@/, '//***@');
 }
+
+/**
+ * rateLimit's `onStoreState` for the shop: tells the operators when the limits fall back to per-process buckets (their
+ * Redis is down, so each process counts alone) and when they are shared again.
+ */
+export function logStoreState(policy: string): (event: { state: 'down' | 'up'; error?: unknown }) => void {
+  return ({ state, error }) => {
+    if (state === 'down') console.warn(`[limits] ${policy}: Redis down, counting in this process until it is back:`, (error as Error).message);
+    else console.warn(`[limits] ${policy}: Redis back, limits shared again`);
+  };
+}
