@@ -17,14 +17,8 @@ export function createApp(stores: Stores, options: ShopOptions): express.Express
   // Two limiters, two policy names: each has its own buckets, and the response lists both in RateLimit-Policy.
   // onStoreState logs when Redis goes down (each process then counts alone) and when it is back: once each, not per request.
   const smsPerIp = rateLimit({ capacity: 10, rate: '10/10min', redis, policy: 'sms-ip', onStoreState: logStoreState('sms-ip') });
-  const smsPerPhone = rateLimit({
-    capacity: 3,
-    rate: '3/10min',
-    redis,
-    policy: 'sms-phone',
-    key: (req) => req.body.phone,
-    onStoreState: logStoreState('sms-phone'),
-  });
+  const smsPhone = { capacity: 3, rate: '3/10min', redis, policy: 'sms-phone', onStoreState: logStoreState('sms-phone') };
+  const smsPerPhone = rateLimit({ ...smsPhone, key: (req) => req.body.phone });
 
   app.post('/sms/send', requireFields('phone'), smsPerIp, smsPerPhone, (req, res) => {
     // A real shop would call its SMS provider here.
