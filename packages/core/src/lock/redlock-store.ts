@@ -163,10 +163,6 @@ export class RedlockStore implements LockStore {
     this.queued.delete(token);
     const keys = name === undefined ? [n.lock] : [n.lock, n.queue, n.deadlines];
     const args = name === undefined ? [token] : [token, '', 0, '', name];
-    const wake = (i: number) => {
-      const c = this.clients[i]!;
-      bounded(c, this.s.timeout, () => WAKE.run(c, [n.lock, n.queue, n.deadlines], [])).catch(() => undefined);
-    };
     const outcomes = await boundedAll(
       this.clients,
       this.s.timeout,
@@ -179,10 +175,10 @@ export class RedlockStore implements LockStore {
         return freed >= q || failed > this.clients.length - q || pending === 0 || freed + failed + pending < q;
       },
       (i, v) => {
-        if (v === 2) wake(i);
+        if (v === 2) this.wakeOn(this.clients[i]!, n);
       },
     );
-    for (const [i, o] of outcomes.entries()) if (o?.ok && o.value === 2) wake(i);
+    for (const [i, o] of outcomes.entries()) if (o?.ok && o.value === 2) this.wakeOn(this.clients[i]!, n);
     // Without answers from a quorum the outcome is unknown: the caller may retry (nodes that answered return 0 then).
     if (values(outcomes).length < q) throw this.unavailable('release', outcomes);
     // Held, as far as anyone can tell: freed somewhere, and no quorum of nodes answered that it no longer held it
@@ -405,6 +401,11 @@ export class RedlockStore implements LockStore {
   /** Drops one hold of `token` on one node (a round's stray grant, whose waiter keeps its place in line). */
   private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number): Promise<unknown> {
     return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token]));
+  }
+
+  /** Wakes the first waiter in line on one node where the lock is free (after a RELEASE that answered 2). */
+  private wakeOn(c: RedisClient, n: LockNames): void {
+    bounded(c, this.s.timeout, () => WAKE.run(c, [n.lock, n.queue, n.deadlines], [])).catch(() => undefined);
   }
 
   /** A waiting caller's place in line: stamped at its first attempt, never twice the same in this store. */

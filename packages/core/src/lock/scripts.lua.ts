@@ -93,7 +93,7 @@ local function firstLive(queueKey, deadlinesKey)
 end
 `;
 
-// Wakes the first live waiter of a lock that was just freed by anything but a release (which may hand it over instead).
+// Wakes the first live waiter of a lock found free (a release that freed it may hand it over instead, and does its own).
 // After FIRST_LIVE; needs \`queueKey\`, \`deadlinesKey\` and \`channel\`.
 const WAKE_FIRST = `
 local function wakeFirst()
@@ -288,16 +288,13 @@ if leaving == '' then
     if not queueKey then return 2 end
   end
 end
-${FIRST_LIVE}
+${FIRST_LIVE}${WAKE_FIRST}
 if leaving ~= '' then
   -- Out of the line on every node, also where this lease did not hold the lock: there it may have been first.
   redis.call('ZREM', queueKey, leaving)
   redis.call('HDEL', deadlinesKey, leaving)
   if not n then
-    if not cur then
-      local head = firstLive(queueKey, deadlinesKey)
-      if head then redis.call('PUBLISH', channel, head) end
-    end
+    if not cur then wakeFirst() end
     return 0
   end
   if n == '1' then redis.call('DEL', lockKey) end
