@@ -88,6 +88,8 @@ export function bounded<T, R = T>(
   });
 }
 
+function noop(): void {}
+
 function same(error: unknown): unknown {
   return error;
 }
@@ -189,7 +191,7 @@ export function boundedAll<T>(
 
 interface Entry {
   readonly deadline: number;
-  readonly expire: () => void;
+  expire: () => void;
   readonly line: Line;
   settled: boolean;
   expired: boolean;
@@ -218,6 +220,10 @@ function watch(timeout: number, expire: () => void): Entry {
 
 function settle(entry: Entry): void {
   entry.settled = true;
+  // A settled entry can stay in its line's array for a while (until the entries before it settle, or the array is
+  // compacted): drop its callback, which holds the caller's promise and all it references (a whole HTTP request, say),
+  // so that none of it outlives the call into the old generation.
+  entry.expire = noop;
   const line = entry.line;
   const entries = line.entries;
   while (line.head < entries.length && entries[line.head]!.settled) line.head++;
