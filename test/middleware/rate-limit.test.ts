@@ -189,6 +189,138 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
     expect(Number(denied!.headers['retry-after'])).toBeGreaterThan(3_600);
   });
 
+  describe('a request one limiter refuses costs nothing in the limiters before it', () => {
+    const phone = (r: { query: { phone?: string } }) => r.query.phone;
+    const statuses = async (url: string, phones: string[]) => {
+      const out: number[] = [];
+      for (const p of phones) out.push((await get(`${url}?phone=${p}`)).status);
+      return out;
+    };
+
+    it('on Redis: the earlier take goes back, and a shortage it left in memory is forgotten', async () => {
+      const ip = freshPolicy('ip');
+      const perPhone = freshPolicy('phone');
+      const app = await start({
+        routes: {
+          '/sms': {
+            use: [
+              fw.rateLimit({ capacity: 2, rate: '2/h', redis, policy: ip, key: 'client' }),
+              fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: perPhone, key: phone }),
+            ],
+          },
+        },
+      });
+      // Phone 1 once, then refused by its own limit three times: the client's limit must not pay for those. The second
+      // request empties the client's bucket before the phone limit refuses it, which the client's limiter remembers as a
+      // shortage (answered from memory): giving the token back must make it ask Redis again.
+      expect(await statuses(`${app.url}/sms`, ['1', '1', '1', '1'])).toEqual([200, 429, 429, 429]);
+      expect(app.errors.map((e) => e.code)).toEqual(['RATE_LIMITED', 'RATE_LIMITED', 'RATE_LIMITED']);
+      expect(await remainingInRedis(ip, 'client', 2, '2/h')).toBe(1);
+      expect(await statuses(`${app.url}/sms`, ['2', '3'])).toEqual([200, 429]);
+      expect(await remainingInRedis(ip, 'client', 2, '2/h')).toBe(0);
+      expect(await remainingInRedis(perPhone, '3', 1, '1/h')).toBe(1); // refused by the client's limit: untouched
+    });
+
+    it('in memory, also when the refusal is answered by a custom handler', async () => {
+      const handler =
+        fw.kind === 'express'
+          ? (_req: unknown, res: { status(n: number): { json(b: unknown): void } }) => res.status(429).json({ custom: true })
+          : (ctx: { status: number; body: unknown }) => {
+              ctx.status = 429;
+              ctx.body = { custom: true };
+            };
+      const client = new TokenBucket({ capacity: 3, rate: '3/h' });
+      const app = await start({
+        routes: {
+          '/sms': {
+            use: [
+              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+              fw.rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: phone, handler }),
+            ],
+          },
+        },
+      });
+      expect(await statuses(`${app.url}/sms`, ['1', '1', '1', '1', '1'])).toEqual([200, 429, 429, 429, 429]);
+      expect((await client.peek('client')).remaining).toBe(1); // 2 tokens left: what a take of one would leave
+      expect(await statuses(`${app.url}/sms`, ['2', '3', '4'])).toEqual([200, 200, 429]);
+      // Only the last refusal is the client limit's (through the error handling); the phone limit's went to its handler.
+      expect(app.errors.map((e) => [e.code, e.headers?.RateLimit])).toEqual([['RATE_LIMITED', '"client";r=0;t=1200']]);
+    });
+
+    it.each(['Redis', 'memory'] as const)('keeps the take spent once another request took from the same bucket after it (%s)', async (where) => {
+      const client = new TokenBucket({ capacity: 5, rate: '5/h', redis: where === 'Redis' ? redis : undefined, prefix: `hasp:tb:${freshPolicy('ip')}:` });
+      const reached = deferred();
+      const gate = deferred();
+      const held = async (r: { query: { phone?: string; hold?: string } }) => {
+        if (r.query.hold !== undefined) {
+          reached.resolve();
+          await gate.promise;
+        }
+        return r.query.phone;
+      };
+      const app = await start({
+        routes: {
+          '/sms': {
+            use: [
+              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+              fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: freshPolicy('phone'), key: held }),
+            ],
+          },
+        },
+      });
+      expect(await statuses(`${app.url}/sms`, ['1'])).toEqual([200]);
+      // Another request for phone 1 takes from the client's bucket, then waits in the phone limit's key function...
+      const refused = get(`${app.url}/sms?phone=1&hold=1`);
+      await reached.promise;
+      // ... while one for phone 2 takes from the client's bucket too, on top of it.
+      expect(await statuses(`${app.url}/sms`, ['2'])).toEqual([200]);
+      gate.resolve();
+      expect((await refused).status).toBe(429);
+      // Giving the first take back now would erase part of the second: both stay spent (3 taken, 2 left).
+      expect((await client.peek('client')).remaining).toBe(1);
+    });
+
+    it('answers the refusal within the bucket timeout when the earlier store stops answering, and goes on', async () => {
+      const other = await startRedis();
+      const otherClient = other.client();
+      try {
+        const client = new TokenBucket({ capacity: 5, rate: '5/h', redis: otherClient, prefix: `hasp:tb:${freshPolicy('ip')}:`, timeout: 300 });
+        const reached = deferred();
+        const gate = deferred();
+        const held = async (r: { query: { phone?: string; hold?: string } }) => {
+          if (r.query.hold !== undefined) {
+            reached.resolve();
+            await gate.promise;
+          }
+          return r.query.phone;
+        };
+        const app = await start({
+          routes: {
+            '/sms': {
+              use: [
+                fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+                fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: freshPolicy('phone'), key: held }),
+              ],
+            },
+          },
+        });
+        expect(await statuses(`${app.url}/sms`, ['1'])).toEqual([200]);
+        const refused = get(`${app.url}/sms?phone=1&hold=1`);
+        await reached.promise;
+        other.pause();
+        gate.resolve();
+        const started = Date.now();
+        expect((await refused).status).toBe(429);
+        expect(Date.now() - started).toBeLessThan(3_000);
+        other.resume();
+        // The give-back was cut off (the take stays spent, or lands late); the route keeps working either way.
+        expect(await statuses(`${app.url}/sms`, ['2'])).toEqual([200]);
+      } finally {
+        await other.stop();
+      }
+    });
+  });
+
   it('keeps the fields on a 423 from a withLock behind the limiter', async () => {
     const policy = freshPolicy('lock');
     for (const errors of ['json', 'default'] as const) {

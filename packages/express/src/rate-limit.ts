@@ -51,6 +51,14 @@ export function rateLimit<
       next();
       return;
     }
+    // Refused here: what earlier hasp limiters on this route took for the request goes back first, so the refusal
+    // costs nothing in their budgets.
+    const back = limiter.giveBackEarlier(req);
+    if (back === undefined) refuse(req, res, next, d);
+    else void back.then(() => refuse(req, res, next, d));
+  }
+
+  function refuse(req: Request, res: Response, next: NextFunction, d: Decision): void {
     if (handler === undefined) {
       next(limiter.deniedError(d, res));
       return;

@@ -1,4 +1,5 @@
 // rateLimit() for Koa: a token bucket per key, the RateLimit fields on every response, a thrown 429 on denial.
+import type { Decision } from '@hasp/core';
 import { clientIpKey, RateLimiter } from '@hasp/core/http';
 import type { Context, Middleware, Next } from 'koa';
 import { keepFieldsOnError } from './keep-fields.js';
@@ -26,6 +27,11 @@ export function rateLimit(options: RateLimitOptions): Middleware {
   const handler = limiter.handler;
   const headers = limiter.headers;
 
+  function refuse(ctx: Context, d: Decision): Promise<void> {
+    if (handler !== undefined) return Promise.resolve(handler(ctx, d)).then(ignore);
+    throw limiter.deniedError(d, ctx.res);
+  }
+
   // A plain promise chain rather than an async function: this runs for every request.
   return function rateLimitMiddleware(ctx: Context, next: Next): Promise<void> {
     return limiter.check(ctx).then((d) => {
@@ -33,8 +39,9 @@ export function rateLimit(options: RateLimitOptions): Middleware {
       ctx.state.rateLimit = d;
       if (headers || !d.allowed) limiter.setHeaders(ctx.res, d);
       if (!d.allowed) {
-        if (handler !== undefined) return Promise.resolve(handler(ctx, d)).then(ignore);
-        throw limiter.deniedError(d, ctx.res);
+        // What earlier hasp limiters on this route took for the request goes back first (see giveBackEarlier).
+        const back = limiter.giveBackEarlier(ctx);
+        return back === undefined ? refuse(ctx, d) : back.then(() => refuse(ctx, d));
       }
       if (!headers) return next();
       return next().catch((error: unknown) => {

@@ -2,7 +2,8 @@
 // adapters, which only read the request's key and write the result.
 import { assertClient } from '../lock/redis-lock.js';
 import { parseRate } from '../rate-limit/rate.js';
-import { TokenBucket } from '../rate-limit/token-bucket.js';
+import type { BucketStore, TakeReceipt } from '../rate-limit/bucket-store.js';
+import { storeOf, TokenBucket } from '../rate-limit/token-bucket.js';
 import { encodeKey } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
 import * as v from '../util/validate.js';
@@ -76,6 +77,39 @@ export interface RateLimitBaseOptions<Arg> {
   onStoreState?: (event: StoreStateEvent) => void;
 }
 
+// The takes hasp limiters made for one request (Express `req`, Koa `ctx`), newest first, kept there so that a later
+// limiter that refuses the request can give them back.
+const TAKEN = Symbol('hasp.rateLimit.taken');
+type WithTakes = { [TAKEN]?: Taken | undefined };
+
+/** One admitting take of a request: what it stored and where, so that it can be given back. */
+class Taken implements TakeReceipt {
+  private stored = 0;
+  private prev: Taken | undefined = undefined;
+
+  constructor(
+    private readonly store: BucketStore,
+    private readonly key: string,
+    private readonly cost: number,
+    private readonly arg: WithTakes,
+  ) {}
+
+  granted(stored: number): void {
+    this.stored = stored;
+    this.prev = this.arg[TAKEN];
+    this.arg[TAKEN] = this;
+  }
+
+  /** Gives back this take and the ones before it; resolves when every store has answered (failures ignored). */
+  static giveBackAll(newest: Taken): Promise<void> {
+    const pending: Promise<unknown>[] = [];
+    for (let t: Taken | undefined = newest; t !== undefined; t = t.prev) {
+      pending.push(t.store.giveBack(t.key, t.cost, t.stored).catch(() => false));
+    }
+    return Promise.all(pending).then(() => undefined);
+  }
+}
+
 /** Where the adapters write the fields: a Node `ServerResponse` (Express's `res`, Koa's `ctx.res`). */
 export interface HeaderTarget {
   getHeader(name: string): unknown;
@@ -111,6 +145,7 @@ export class RateLimiter<Arg, H = never> {
   private readonly costFn: CostFunction<Arg> | undefined;
   private readonly cost: number;
   private readonly guard: StoreGuard | undefined;
+  private readonly store: BucketStore | undefined;
 
   /**
    * @param options - the user's options
@@ -193,6 +228,7 @@ export class RateLimiter<Arg, H = never> {
     this.headers = resolved.headers;
     this.handler = resolved.handler;
     this.guard = storeGuard(this.bucket);
+    this.store = storeOf(this.bucket);
     if (resolved.onStoreState !== undefined) this.guard?.listen(resolved.onStoreState);
   }
 
@@ -215,22 +251,44 @@ export class RateLimiter<Arg, H = never> {
     }
   }
 
-  private withKey(key: string | undefined, arg: Arg): Promise<Decision | undefined> {
-    if (key === undefined) return NOT_LIMITED;
-    if (this.costFn === undefined) return this.take(key, this.cost);
-    const c = callCost(this.where, this.costFn, arg, this.bucket.capacity);
-    return typeof c === 'number' ? this.take(key, c) : c.then((cost) => this.take(key, cost));
+  /**
+   * For a request this limiter refused: gives back the tokens that earlier hasp limiters on the same request took (in
+   * either adapter, any bucket made by hasp, on Redis or in memory), so that a request refused by one policy costs
+   * nothing in the others. A take stays spent when its bucket has been taken from since (removing it from under a later
+   * take could admit more than the bucket allows), or when its store fails. Undefined when there is nothing to give
+   * back; otherwise resolves (never rejects) once every store has answered.
+   */
+  giveBackEarlier(arg: Arg): Promise<void> | undefined {
+    const a = arg as WithTakes;
+    const newest = a[TAKEN];
+    if (newest === undefined) return undefined;
+    a[TAKEN] = undefined;
+    return Taken.giveBackAll(newest);
   }
 
-  private take(key: string, cost: number): Promise<Decision | undefined> {
+  private withKey(key: string | undefined, arg: Arg): Promise<Decision | undefined> {
+    if (key === undefined) return NOT_LIMITED;
+    if (this.costFn === undefined) return this.take(key, this.cost, arg);
+    const c = callCost(this.where, this.costFn, arg, this.bucket.capacity);
+    return typeof c === 'number' ? this.take(key, c, arg) : c.then((cost) => this.take(key, cost, arg));
+  }
+
+  private take(key: string, cost: number, arg: Arg): Promise<Decision | undefined> {
     const guard = this.guard;
-    if (guard === undefined) return this.bucket.take(key, cost);
-    if (!guard.usable()) return this.degraded(guard, key, cost, undefined);
-    return this.bucket.take(key, cost).then(undefined, (error: unknown) => {
+    if (guard === undefined) return this.takeFrom(this.bucket, this.store, key, cost, arg);
+    if (!guard.usable()) return this.degraded(guard, key, cost, undefined, arg);
+    return this.takeFrom(this.bucket, this.store, key, cost, arg).then(undefined, (error: unknown) => {
       if (!isStoreError(error)) throw error;
       guard.failed(error);
-      return this.degraded(guard, key, cost, error);
+      return this.degraded(guard, key, cost, error, arg);
     });
+  }
+
+  // Through the bucket's store when hasp made the bucket, so that the take is recorded on the request (see
+  // giveBackEarlier); key and cost are valid here (callKey, callCost, the constructor).
+  private takeFrom(bucket: BucketLike, store: BucketStore | undefined, key: string, cost: number, arg: Arg): Promise<Decision> {
+    if (store === undefined) return bucket.take(key, cost);
+    return store.take(key, cost, true, new Taken(store, key, cost, arg as WithTakes));
   }
 
   /**
@@ -258,10 +316,10 @@ export class RateLimiter<Arg, H = never> {
     return rateLimitedError(d, headers);
   }
 
-  private degraded(guard: StoreGuard, key: string, cost: number, cause: unknown): Promise<Decision | undefined> {
+  private degraded(guard: StoreGuard, key: string, cost: number, cause: unknown, arg: Arg): Promise<Decision | undefined> {
     switch (this.onStoreError) {
       case 'memory':
-        return guard.fallback.take(key, cost);
+        return this.takeFrom(guard.fallback, storeOf(guard.fallback), key, cost, arg);
       case 'open':
         return Promise.resolve(undefined);
       default:

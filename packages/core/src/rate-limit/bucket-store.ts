@@ -8,9 +8,21 @@ import { makeRoom } from '../util/bounded.js';
 import { REFUND, TAKE } from './bucket.lua.js';
 import { decide, type GcraParams } from './gcra.js';
 
+/** Told what an admitting take stored, so that the take can be given back (see giveBack). */
+export interface TakeReceipt {
+  /** Called once the take admitted and stored `stored` (the TAT, µs); not for a denial, a peek or an answer from memory. */
+  granted(stored: number): void;
+}
+
 export interface BucketStore {
-  take(key: string, cost: number, commit: boolean): Promise<Decision>;
+  take(key: string, cost: number, commit: boolean, receipt?: TakeReceipt): Promise<Decision>;
   reset(key: string): Promise<void>;
+  /**
+   * Undoes an admitting take of `cost` that stored `stored`, but only while the bucket still holds exactly that: once
+   * another take has built on it, removing its cost could admit more than the bucket allows, so the tokens stay spent.
+   * Resolves whether they were given back.
+   */
+  giveBack(key: string, cost: number, stored: number): Promise<boolean>;
 }
 
 export class MemoryBucketStore implements BucketStore {
@@ -23,7 +35,7 @@ export class MemoryBucketStore implements BucketStore {
     private readonly clock: () => number,
   ) {}
 
-  take(key: string, cost: number, commit: boolean): Promise<Decision> {
+  take(key: string, cost: number, commit: boolean, receipt?: TakeReceipt): Promise<Decision> {
     const now = Math.round(this.clock() * 1_000);
     this.sweep(now);
     const { decision, store } = decide(this.params, this.tats.get(key), now, cost, commit);
@@ -31,8 +43,17 @@ export class MemoryBucketStore implements BucketStore {
       // Re-insert so the sweeper meets recently used keys last.
       this.tats.delete(key);
       this.tats.set(key, store);
+      if (receipt !== undefined && decision.allowed) receipt.granted(store);
     }
     return Promise.resolve(decision);
+  }
+
+  giveBack(key: string, cost: number, stored: number): Promise<boolean> {
+    if (this.tats.get(key) !== stored) return Promise.resolve(false);
+    const tat = stored - spentBy(this.params, cost);
+    if (tat <= Math.round(this.clock() * 1_000)) this.tats.delete(key);
+    else this.tats.set(key, tat);
+    return Promise.resolve(true);
   }
 
   reset(key: string): Promise<void> {
@@ -92,7 +113,7 @@ export class RedisBucketStore implements BucketStore {
     private readonly deniedMax = DENY_CACHE_SIZE,
   ) {}
 
-  take(key: string, cost: number, commit: boolean): Promise<Decision> {
+  take(key: string, cost: number, commit: boolean, receipt?: TakeReceipt): Promise<Decision> {
     if (commit && this.denied.size > 0) {
       const short = this.denied.get(key);
       if (short !== undefined) {
@@ -104,7 +125,14 @@ export class RedisBucketStore implements BucketStore {
         // answer replaces the entry.
       }
     }
-    return this.remote(key, cost, commit);
+    return this.remote(key, cost, commit, receipt);
+  }
+
+  giveBack(key: string, cost: number, stored: number): Promise<boolean> {
+    // Tokens that come back make a remembered shortage wrong: let Redis answer the next take.
+    this.denied.delete(key);
+    const name = keyStem(this.prefix, key);
+    return this.call(() => REFUND.run(this.client, [name], [stored, spentBy(this.params, cost)])).then((r) => Number(r) === 1);
   }
 
   async reset(key: string): Promise<void> {
@@ -122,7 +150,7 @@ export class RedisBucketStore implements BucketStore {
     return this.denied.size;
   }
 
-  private remote(key: string, cost: number, commit: boolean): Promise<Decision> {
+  private remote(key: string, cost: number, commit: boolean, receipt: TakeReceipt | undefined): Promise<Decision> {
     const sent = nowUs();
     const resets = this.resets;
     // A plain chain rather than async functions: this runs for every take.
@@ -138,6 +166,7 @@ export class RedisBucketStore implements BucketStore {
       // Number(): a client made with ioredis's `stringNumbers` answers numbers as strings.
       const ahead = Number((result as TakeReply)[0]);
       const { decision, after } = decide(this.params, ahead, 0, cost, false);
+      if (receipt !== undefined && decision.allowed && commit) receipt.granted(Number((result as TakeReply)[1]));
       // Remember a bucket another take of this cost would find short (after a denial, or a grant that emptied it), and
       // keep a remembered one up to date.
       if (commit && resets === this.resets && (!decision.allowed || decision.remaining < cost || this.denied.has(key))) {
@@ -166,14 +195,19 @@ export class RedisBucketStore implements BucketStore {
     const stored = Number(reply[1]);
     // Only a grant spent tokens; a denial stores only when it clamped a TAT from a clock step back.
     if (stored === 0 || !decide(this.params, Number(reply[0]), 0, cost, false).decision.allowed) return;
-    // The µs TAKE added for `cost` (the same expression as in the script).
-    const spent = Math.ceil(cost * this.params.interval);
-    bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [stored, spent])).catch(() => undefined);
+    bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [stored, spentBy(this.params, cost)])).catch(
+      () => undefined,
+    );
   }
 
   private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
     return bounded(this.client, this.timeout, op, late, undefined, unavailable);
   }
+}
+
+/** The µs a take of `cost` adds to the TAT (the same expression as in TAKE and in `decide`). */
+function spentBy(p: GcraParams, cost: number): number {
+  return Math.ceil(cost * p.interval);
 }
 
 /** TAKE's reply: µs the bucket's TAT lay ahead of the server clock, the TAT it stored (0 for none). */

@@ -18,6 +18,10 @@ const MAX_RATE = 1_000_000;
 // where doubles stop being exact, and every Redis expiry a plain integer.
 const MAX_REFILL_US = 2 ** 51;
 
+// Each bucket's store, for the middleware's takes that may have to be given back (see storeOf). A map rather than a
+// member, so that the class's public shape stays what the docs describe.
+const STORES = new WeakMap<object, BucketStore>();
+
 /**
  * A token bucket per key: each key holds up to `capacity` tokens and regains `rate` tokens per second; a bucket starts
  * full. On Redis each `take` is one script call that reads the server's clock, so app servers with skewed clocks agree,
@@ -88,14 +92,16 @@ export class TokenBucket {
       // Date.now is looked up at each call, so fake timers installed after construction still apply.
       this.store = new MemoryBucketStore(params, clock ?? (() => Date.now()));
     }
+    STORES.set(this, this.store);
   }
 
   /**
    * Takes `cost` tokens from `key`'s bucket if it has them; a denial consumes nothing.
    * On Redis, a take that timed out (or was cut off by a reconnect, which makes ioredis send it again) may still be
    * applied when the server answers later: its tokens are then spent although the caller was told Redis was
-   * unavailable. This errs on the side of refusing, by at most one take per failed call; it is not refunded, since a
-   * refund could hand back tokens the bucket would have lost to its capacity in the meantime.
+   * unavailable. hasp then gives its tokens back if nothing else has touched the bucket since; otherwise they stay spent
+   * (removing them from under later takes could admit more than the bucket allows), which errs on the side of
+   * refusing, by at most one take per failed call.
    * @throws RangeError for an empty key or a cost that is not > 0 or exceeds the capacity;
    *   {@link RateLimitUnavailableError} when Redis cannot answer
    */
@@ -119,3 +125,12 @@ export class TokenBucket {
     return c;
   }
 }
+
+/**
+ * For the middleware: the store of a bucket made by this copy of the module (undefined for any other bucket), whose
+ * `take` tells a receipt what it stored, so that `giveBack` can undo it. Its callers validate key and cost as `take` does.
+ */
+export function storeOf(bucket: object): BucketStore | undefined {
+  return STORES.get(bucket);
+}
+
