@@ -213,6 +213,32 @@ describe('rate limiters sharing one client while its Redis is down', () => {
   });
 });
 
+describe('giving back the takes of a refused request while Redis is down', () => {
+  it('gives back what the memory fallback took, so the refusal costs nothing there either', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await ready(client);
+    const perIp = new RateLimiter({ capacity: 2, rate: '1/h', redis: client, policy: 'ip', key: 'k', onStoreError: 'memory' }, () => 'k');
+    const perPhone = new RateLimiter<{ phone: string }>({ capacity: 1, rate: '1/h', policy: 'phone', key: (r) => r.phone }, () => 'k');
+    await own.kill();
+    await notReady(client);
+    /** One request through both limiters, as the adapters run them; the statuses it would get. */
+    const request = async (phone: string): Promise<number> => {
+      const home = {};
+      const first = await perIp.check({ phone }, home);
+      if (!first!.allowed) return 429;
+      const second = await perPhone.check({ phone }, home);
+      if (second!.allowed) return 200;
+      await perPhone.giveBackEarlier(home);
+      return 429;
+    };
+    const statuses: number[] = [];
+    for (const phone of ['1', '1', '1', '1', '2', '3']) statuses.push(await request(phone));
+    // The per-IP budget of 2 (in the fallback bucket) goes to phones 1 and 2; phone 1's refusals cost it nothing.
+    expect(statuses).toEqual([200, 429, 429, 429, 200, 429]);
+  });
+});
+
 describe('onStoreState', () => {
   it('tells each limiter once when its Redis goes down and once when it is back, however many requests meet the outage', async () => {
     const own = await startRedis();

@@ -53,7 +53,7 @@ export function rateLimit<
     }
     // Refused here: what earlier hasp limiters on this route took for the request goes back first, so the refusal
     // costs nothing in their budgets.
-    const back = limiter.giveBackEarlier(req);
+    const back = limiter.giveBackEarlier(res.locals);
     if (back === undefined) refuse(req, res, next, d);
     else void back.then(() => refuse(req, res, next, d));
   }
@@ -75,7 +75,8 @@ export function rateLimit<
 
   // A plain promise chain rather than an async function: this runs for every request.
   return function rateLimitMiddleware(req: Request, res: Response, next: NextFunction): void {
-    void limiter.check(req).then(
+    // res.locals (Express makes one per request) holds the takes a later limiter may give back.
+    void limiter.check(req, res.locals).then(
       (d) => decided(req, res, next, d),
       (error: unknown) => next(error),
     );

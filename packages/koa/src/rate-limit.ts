@@ -34,13 +34,14 @@ export function rateLimit(options: RateLimitOptions): Middleware {
 
   // A plain promise chain rather than an async function: this runs for every request.
   return function rateLimitMiddleware(ctx: Context, next: Next): Promise<void> {
-    return limiter.check(ctx).then((d) => {
+    // ctx.state (Koa makes one per request) holds the takes a later limiter may give back.
+    return limiter.check(ctx, ctx.state).then((d) => {
       if (d === undefined) return next();
       ctx.state.rateLimit = d;
       if (headers || !d.allowed) limiter.setHeaders(ctx.res, d);
       if (!d.allowed) {
         // What earlier hasp limiters on this route took for the request goes back first (see giveBackEarlier).
-        const back = limiter.giveBackEarlier(ctx);
+        const back = limiter.giveBackEarlier(ctx.state);
         return back === undefined ? refuse(ctx, d) : back.then(() => refuse(ctx, d));
       }
       if (!headers) return next();

@@ -77,8 +77,10 @@ export interface RateLimitBaseOptions<Arg> {
   onStoreState?: (event: StoreStateEvent) => void;
 }
 
-// The takes hasp limiters made for one request (Express `req`, Koa `ctx`), newest first, kept there so that a later
-// limiter that refuses the request can give them back.
+// The takes hasp limiters made for one request, newest first, so that a later limiter that refuses the request can give
+// them back. They live in an object of the request's own that the adapter names (Express `res.locals`, Koa `ctx.state`),
+// not on `req` or `ctx` themselves: a property added there changes the object's shape under the framework's own code,
+// which measurably slowed every request.
 const TAKEN = Symbol('hasp.rateLimit.taken');
 type WithTakes = { [TAKEN]?: Taken | undefined };
 
@@ -91,13 +93,13 @@ class Taken implements TakeReceipt {
     private readonly store: BucketStore,
     private readonly key: string,
     private readonly cost: number,
-    private readonly arg: WithTakes,
+    private readonly home: WithTakes,
   ) {}
 
   granted(stored: number): void {
     this.stored = stored;
-    this.prev = this.arg[TAKEN];
-    this.arg[TAKEN] = this;
+    this.prev = this.home[TAKEN];
+    this.home[TAKEN] = this;
   }
 
   /** Gives back this take and the ones before it; resolves when every store has answered (failures ignored). */
@@ -236,16 +238,20 @@ export class RateLimiter<Arg, H = never> {
    * Decides one request: reads its key and cost, takes from the bucket, and applies `onStoreError` when Redis fails.
    * Resolves the decision (allowed or not), or `undefined` when the request is not limited (its key is `undefined`, or
    * Redis failed under `'open'`).
+   * @param arg - what the key and cost functions receive (Express `req`, Koa `ctx`)
+   * @param home - an object that lives as long as the request and that the framework does not read (Express
+   *   `res.locals`, Koa `ctx.state`): the take is recorded there, so that {@link RateLimiter.giveBackEarlier} can give it
+   *   back if a later limiter refuses the request. Without it, nothing is recorded.
    * @throws a 500 `http-errors` error (`INVALID_KEY`/`INVALID_COST`) for a bad key or cost, before anything is written;
    *   a 503 (`RATE_LIMIT_UNAVAILABLE`) when Redis failed under `'closed'`
    */
-  check(arg: Arg): Promise<Decision | undefined> {
+  check(arg: Arg, home?: object): Promise<Decision | undefined> {
     // Plain promise chains rather than async functions: this runs for every request, and each async layer costs a few
     // promises and microtask turns. Synchronous throws (a key or cost function's 500) become rejections.
     try {
       const key = this.keyFn !== undefined ? callKey(this.where, this.keyFn, arg) : (this.staticKey ?? this.defaultKey(arg));
-      if (typeof key === 'object') return key.then((k) => this.withKey(k, arg));
-      return this.withKey(key, arg);
+      if (typeof key === 'object') return key.then((k) => this.withKey(k, arg, home));
+      return this.withKey(key, arg, home);
     } catch (error) {
       return Promise.reject(error);
     }
@@ -257,38 +263,40 @@ export class RateLimiter<Arg, H = never> {
    * nothing in the others. A take stays spent when its bucket has been taken from since (removing it from under a later
    * take could admit more than the bucket allows), or when its store fails. Undefined when there is nothing to give
    * back; otherwise resolves (never rejects) once every store has answered.
+   * @param home - the object the request's earlier limiters were given as `home` in {@link RateLimiter.check}
    */
-  giveBackEarlier(arg: Arg): Promise<void> | undefined {
-    const a = arg as WithTakes;
+  giveBackEarlier(home: object | undefined): Promise<void> | undefined {
+    if (home === undefined) return undefined;
+    const a = home as WithTakes;
     const newest = a[TAKEN];
     if (newest === undefined) return undefined;
     a[TAKEN] = undefined;
     return Taken.giveBackAll(newest);
   }
 
-  private withKey(key: string | undefined, arg: Arg): Promise<Decision | undefined> {
+  private withKey(key: string | undefined, arg: Arg, home: object | undefined): Promise<Decision | undefined> {
     if (key === undefined) return NOT_LIMITED;
-    if (this.costFn === undefined) return this.take(key, this.cost, arg);
+    if (this.costFn === undefined) return this.take(key, this.cost, home);
     const c = callCost(this.where, this.costFn, arg, this.bucket.capacity);
-    return typeof c === 'number' ? this.take(key, c, arg) : c.then((cost) => this.take(key, cost, arg));
+    return typeof c === 'number' ? this.take(key, c, home) : c.then((cost) => this.take(key, cost, home));
   }
 
-  private take(key: string, cost: number, arg: Arg): Promise<Decision | undefined> {
+  private take(key: string, cost: number, home: object | undefined): Promise<Decision | undefined> {
     const guard = this.guard;
-    if (guard === undefined) return this.takeFrom(this.bucket, this.store, key, cost, arg);
-    if (!guard.usable()) return this.degraded(guard, key, cost, undefined, arg);
-    return this.takeFrom(this.bucket, this.store, key, cost, arg).then(undefined, (error: unknown) => {
+    if (guard === undefined) return this.takeFrom(this.bucket, this.store, key, cost, home);
+    if (!guard.usable()) return this.degraded(guard, key, cost, undefined, home);
+    return this.takeFrom(this.bucket, this.store, key, cost, home).then(undefined, (error: unknown) => {
       if (!isStoreError(error)) throw error;
       guard.failed(error);
-      return this.degraded(guard, key, cost, error, arg);
+      return this.degraded(guard, key, cost, error, home);
     });
   }
 
   // Through the bucket's store when hasp made the bucket, so that the take is recorded on the request (see
   // giveBackEarlier); key and cost are valid here (callKey, callCost, the constructor).
-  private takeFrom(bucket: BucketLike, store: BucketStore | undefined, key: string, cost: number, arg: Arg): Promise<Decision> {
-    if (store === undefined) return bucket.take(key, cost);
-    return store.take(key, cost, true, new Taken(store, key, cost, arg as WithTakes));
+  private takeFrom(bucket: BucketLike, store: BucketStore | undefined, key: string, cost: number, home: object | undefined): Promise<Decision> {
+    if (store === undefined || home === undefined) return bucket.take(key, cost);
+    return store.take(key, cost, true, new Taken(store, key, cost, home as WithTakes));
   }
 
   /**
@@ -316,10 +324,10 @@ export class RateLimiter<Arg, H = never> {
     return rateLimitedError(d, headers);
   }
 
-  private degraded(guard: StoreGuard, key: string, cost: number, cause: unknown, arg: Arg): Promise<Decision | undefined> {
+  private degraded(guard: StoreGuard, key: string, cost: number, cause: unknown, home: object | undefined): Promise<Decision | undefined> {
     switch (this.onStoreError) {
       case 'memory':
-        return this.takeFrom(guard.fallback, storeOf(guard.fallback), key, cost, arg);
+        return this.takeFrom(guard.fallback, storeOf(guard.fallback), key, cost, home);
       case 'open':
         return Promise.resolve(undefined);
       default:
