@@ -2,7 +2,7 @@
 // adapters, which only read the request's key and write the result.
 import { assertClient } from '../lock/redis-lock.js';
 import { parseRate } from '../rate-limit/rate.js';
-import type { BucketStore, TakeReceipt } from '../rate-limit/bucket-store.js';
+import { Taken, type BucketStore, type TakeHome } from '../rate-limit/bucket-store.js';
 import { storeOf, TokenBucket } from '../rate-limit/token-bucket.js';
 import { encodeKey } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
@@ -75,41 +75,6 @@ export interface RateLimitBaseOptions<Arg> {
    * @default none
    */
   onStoreState?: (event: StoreStateEvent) => void;
-}
-
-// The takes hasp limiters made for one request, newest first, so that a later limiter that refuses the request can give
-// them back. They live in an object of the request's own that the adapter names (Express `res.locals`, Koa `ctx.state`),
-// not on `req` or `ctx` themselves: a property added there changes the object's shape under the framework's own code,
-// which measurably slowed every request.
-const TAKEN = Symbol('hasp.rateLimit.taken');
-type WithTakes = { [TAKEN]?: Taken | undefined };
-
-/** One admitting take of a request: what it stored and where, so that it can be given back. */
-class Taken implements TakeReceipt {
-  private stored = 0;
-  private prev: Taken | undefined = undefined;
-
-  constructor(
-    private readonly store: BucketStore,
-    private readonly key: string,
-    private readonly cost: number,
-    private readonly home: WithTakes,
-  ) {}
-
-  granted(stored: number): void {
-    this.stored = stored;
-    this.prev = this.home[TAKEN];
-    this.home[TAKEN] = this;
-  }
-
-  /** Gives back this take and the ones before it; resolves when every store has answered (failures ignored). */
-  static giveBackAll(newest: Taken): Promise<void> {
-    const pending: Promise<unknown>[] = [];
-    for (let t: Taken | undefined = newest; t !== undefined; t = t.prev) {
-      pending.push(t.store.giveBack(t.key, t.cost, t.stored).catch(() => false));
-    }
-    return Promise.all(pending).then(() => undefined);
-  }
 }
 
 /** Where the adapters write the fields: a Node `ServerResponse` (Express's `res`, Koa's `ctx.res`). */
@@ -241,7 +206,8 @@ export class RateLimiter<Arg, H = never> {
    * @param arg - what the key and cost functions receive (Express `req`, Koa `ctx`)
    * @param home - an object that lives as long as the request and that the framework does not read (Express
    *   `res.locals`, Koa `ctx.state`): the take is recorded there, so that {@link RateLimiter.giveBackEarlier} can give it
-   *   back if a later limiter refuses the request. Without it, nothing is recorded.
+   *   back if a later limiter refuses the request. Without it, nothing is recorded. Not `req` or `ctx` themselves: a
+   *   property added there changes their shape under the framework's own code, which slowed every request (measured).
    * @throws a 500 `http-errors` error (`INVALID_KEY`/`INVALID_COST`) for a bad key or cost, before anything is written;
    *   a 503 (`RATE_LIMIT_UNAVAILABLE`) when Redis failed under `'closed'`
    */
@@ -266,12 +232,13 @@ export class RateLimiter<Arg, H = never> {
    * @param home - the object the request's earlier limiters were given as `home` in {@link RateLimiter.check}
    */
   giveBackEarlier(home: object | undefined): Promise<void> | undefined {
-    if (home === undefined) return undefined;
-    const a = home as WithTakes;
-    const newest = a[TAKEN];
+    const newest = home === undefined ? undefined : Taken.leave(home as TakeHome);
     if (newest === undefined) return undefined;
-    a[TAKEN] = undefined;
-    return Taken.giveBackAll(newest);
+    const pending: Promise<unknown>[] = [];
+    for (let t: Taken | undefined = newest; t !== undefined; t = t.prev) {
+      pending.push(t.store.giveBack(t.key, t.cost, t.stored).catch(() => false));
+    }
+    return Promise.all(pending).then(() => undefined);
   }
 
   private withKey(key: string | undefined, arg: Arg, home: object | undefined): Promise<Decision | undefined> {
@@ -296,7 +263,7 @@ export class RateLimiter<Arg, H = never> {
   // giveBackEarlier); key and cost are valid here (callKey, callCost, the constructor).
   private takeFrom(bucket: BucketLike, store: BucketStore | undefined, key: string, cost: number, home: object | undefined): Promise<Decision> {
     if (store === undefined || home === undefined) return bucket.take(key, cost);
-    return store.take(key, cost, true, new Taken(store, key, cost, home as WithTakes));
+    return store.take(key, cost, true, home as TakeHome);
   }
 
   /**

@@ -8,14 +8,40 @@ import { makeRoom } from '../util/bounded.js';
 import { REFUND, TAKE } from './bucket.lua.js';
 import { decide, type GcraParams } from './gcra.js';
 
-/** Told what an admitting take stored, so that the take can be given back (see giveBack). */
-export interface TakeReceipt {
-  /** Called once the take admitted and stored `stored` (the TAT, µs); not for a denial, a peek or an answer from memory. */
-  granted(stored: number): void;
+// Where the middleware keeps the admitting takes of one request, newest first, so that a later limiter that refuses the
+// request can give them back (see giveBack): in an object that lives as long as the request (Express `res.locals`,
+// Koa `ctx.state`), under this key.
+const TAKEN = Symbol('hasp.rateLimit.taken');
+
+/** An object of one request's that holds its admitting takes (see `take`'s `home`). */
+export type TakeHome = { [TAKEN]?: Taken | undefined };
+
+/** One admitting take: what it stored and where, and the request's take before it. */
+export class Taken {
+  constructor(
+    readonly store: BucketStore,
+    readonly key: string,
+    readonly cost: number,
+    readonly stored: number,
+    readonly prev: Taken | undefined,
+  ) {}
+
+  /** Takes a request's takes out of its home (so that they are given back once), newest first. */
+  static leave(home: TakeHome): Taken | undefined {
+    const newest = home[TAKEN];
+    if (newest !== undefined) home[TAKEN] = undefined;
+    return newest;
+  }
+}
+
+// Made only for a take that admitted: a denial, often answered from memory, allocates nothing for it.
+function record(home: TakeHome, store: BucketStore, key: string, cost: number, stored: number): void {
+  home[TAKEN] = new Taken(store, key, cost, stored, home[TAKEN]);
 }
 
 export interface BucketStore {
-  take(key: string, cost: number, commit: boolean, receipt?: TakeReceipt): Promise<Decision>;
+  /** `home`: where to record the take if it admits (see {@link Taken}); only for a take that commits. */
+  take(key: string, cost: number, commit: boolean, home?: TakeHome): Promise<Decision>;
   reset(key: string): Promise<void>;
   /**
    * Undoes an admitting take of `cost` that stored `stored`, but only while the bucket still holds exactly that: once
@@ -35,7 +61,7 @@ export class MemoryBucketStore implements BucketStore {
     private readonly clock: () => number,
   ) {}
 
-  take(key: string, cost: number, commit: boolean, receipt?: TakeReceipt): Promise<Decision> {
+  take(key: string, cost: number, commit: boolean, home?: TakeHome): Promise<Decision> {
     const now = Math.round(this.clock() * 1_000);
     this.sweep(now);
     const { decision, store } = decide(this.params, this.tats.get(key), now, cost, commit);
@@ -43,7 +69,7 @@ export class MemoryBucketStore implements BucketStore {
       // Re-insert so the sweeper meets recently used keys last.
       this.tats.delete(key);
       this.tats.set(key, store);
-      if (receipt !== undefined && decision.allowed) receipt.granted(store);
+      if (home !== undefined && decision.allowed) record(home, this, key, cost, store);
     }
     return Promise.resolve(decision);
   }
@@ -113,7 +139,7 @@ export class RedisBucketStore implements BucketStore {
     private readonly deniedMax = DENY_CACHE_SIZE,
   ) {}
 
-  take(key: string, cost: number, commit: boolean, receipt?: TakeReceipt): Promise<Decision> {
+  take(key: string, cost: number, commit: boolean, home?: TakeHome): Promise<Decision> {
     if (commit && this.denied.size > 0) {
       const short = this.denied.get(key);
       if (short !== undefined) {
@@ -125,7 +151,7 @@ export class RedisBucketStore implements BucketStore {
         // answer replaces the entry.
       }
     }
-    return this.remote(key, cost, commit, receipt);
+    return this.remote(key, cost, commit, home);
   }
 
   giveBack(key: string, cost: number, stored: number): Promise<boolean> {
@@ -150,7 +176,7 @@ export class RedisBucketStore implements BucketStore {
     return this.denied.size;
   }
 
-  private remote(key: string, cost: number, commit: boolean, receipt: TakeReceipt | undefined): Promise<Decision> {
+  private remote(key: string, cost: number, commit: boolean, home: TakeHome | undefined): Promise<Decision> {
     const sent = nowUs();
     const resets = this.resets;
     // A plain chain rather than async functions: this runs for every take.
@@ -166,7 +192,7 @@ export class RedisBucketStore implements BucketStore {
       // Number(): a client made with ioredis's `stringNumbers` answers numbers as strings.
       const ahead = Number((result as TakeReply)[0]);
       const { decision, after } = decide(this.params, ahead, 0, cost, false);
-      if (receipt !== undefined && decision.allowed && commit) receipt.granted(Number((result as TakeReply)[1]));
+      if (home !== undefined && decision.allowed && commit) record(home, this, key, cost, Number((result as TakeReply)[1]));
       // Remember a bucket another take of this cost would find short (after a denial, or a grant that emptied it), and
       // keep a remembered one up to date.
       if (commit && resets === this.resets && (!decision.allowed || decision.remaining < cost || this.denied.has(key))) {
