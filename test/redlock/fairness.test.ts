@@ -206,6 +206,29 @@ describe('Redlock waiting line', () => {
     await next.release();
   });
 
+  it('polls every REDLOCK_POLL_MS: a lock lost without a release message is taken within one interval', async () => {
+    const prefix = freshPrefix('poll');
+    const key = 'k';
+    const [a, b] = [redlock(prefix), redlock(prefix)];
+    const held = await a.acquire(key, { ttl: 30_000 });
+    await heldEverywhere(prefix, key);
+    const attempts = async () =>
+      Number(/cmdstat_evalsha:calls=(\d+)/.exec((await nodes.admins[0]!.info('commandstats')) as string)?.[1] ?? 0);
+    const waiter = b.acquire(key, { ttl: 10_000, wait: 10_000 });
+    await inLineEverywhere(prefix, key, 1);
+    // Right after one of the waiter's attempts, the lock vanishes from every node as a restart without persistence
+    // would drop it: nothing is published, so only the waiter's next poll can find the lock free.
+    const before = await attempts();
+    await until(async () => (await attempts()) > before, 5_000, 'an attempt of the waiter');
+    await Promise.all(nodes.admins.map((admin) => admin.del(lockNames(prefix, key).lock)));
+    const lost = performance.now();
+    const next = await within(waiter, 5_000, 'the waiter');
+    // One interval, plus slack for a loaded machine; the old 1 s poll would take about 1 s here.
+    expect(performance.now() - lost).toBeLessThan(REDLOCK_POLL_MS + 500);
+    expect(await held.release()).toBe(false);
+    await next.release();
+  });
+
   it('is not held up by a dead waiter first in line on a minority of nodes', async () => {
     const prefix = freshPrefix('ghost-minority');
     const key = 'k';
