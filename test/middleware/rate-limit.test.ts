@@ -197,6 +197,33 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       return out;
     };
 
+    /**
+     * `/sms` behind the `client` bucket and a per-phone limit of 1, whose key function holds a request with `hold` in its
+     * query (after the client's take) until `open()`; `reached` resolves when one is held.
+     */
+    async function heldRoute(client: TokenBucket): Promise<{ url: string; reached: Promise<void>; open: () => void }> {
+      const reached = deferred();
+      const gate = deferred();
+      const held = async (r: { query: { phone?: string; hold?: string } }) => {
+        if (r.query.hold !== undefined) {
+          reached.resolve();
+          await gate.promise;
+        }
+        return r.query.phone;
+      };
+      const app = await start({
+        routes: {
+          '/sms': {
+            use: [
+              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+              fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: freshPolicy('phone'), key: held }),
+            ],
+          },
+        },
+      });
+      return { url: `${app.url}/sms`, reached: reached.promise, open: () => gate.resolve() };
+    }
+
     it('on Redis: the earlier take goes back, and a shortage it left in memory is forgotten', async () => {
       const ip = freshPolicy('ip');
       const perPhone = freshPolicy('phone');
@@ -249,32 +276,14 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
 
     it.each(['Redis', 'memory'] as const)('keeps the take spent once another request took from the same bucket after it (%s)', async (where) => {
       const client = new TokenBucket({ capacity: 5, rate: '5/h', redis: where === 'Redis' ? redis : undefined, prefix: `hasp:tb:${freshPolicy('ip')}:` });
-      const reached = deferred();
-      const gate = deferred();
-      const held = async (r: { query: { phone?: string; hold?: string } }) => {
-        if (r.query.hold !== undefined) {
-          reached.resolve();
-          await gate.promise;
-        }
-        return r.query.phone;
-      };
-      const app = await start({
-        routes: {
-          '/sms': {
-            use: [
-              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-              fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: freshPolicy('phone'), key: held }),
-            ],
-          },
-        },
-      });
-      expect(await statuses(`${app.url}/sms`, ['1'])).toEqual([200]);
+      const route = await heldRoute(client);
+      expect(await statuses(route.url, ['1'])).toEqual([200]);
       // Another request for phone 1 takes from the client's bucket, then waits in the phone limit's key function...
-      const refused = get(`${app.url}/sms?phone=1&hold=1`);
-      await reached.promise;
+      const refused = get(`${route.url}?phone=1&hold=1`);
+      await route.reached;
       // ... while one for phone 2 takes from the client's bucket too, on top of it.
-      expect(await statuses(`${app.url}/sms`, ['2'])).toEqual([200]);
-      gate.resolve();
+      expect(await statuses(route.url, ['2'])).toEqual([200]);
+      route.open();
       expect((await refused).status).toBe(429);
       // Giving the first take back now would erase part of the second: both stay spent (3 taken, 2 left).
       expect((await client.peek('client')).remaining).toBe(1);
@@ -285,36 +294,18 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       const otherClient = other.client();
       try {
         const client = new TokenBucket({ capacity: 5, rate: '5/h', redis: otherClient, prefix: `hasp:tb:${freshPolicy('ip')}:`, timeout: 300 });
-        const reached = deferred();
-        const gate = deferred();
-        const held = async (r: { query: { phone?: string; hold?: string } }) => {
-          if (r.query.hold !== undefined) {
-            reached.resolve();
-            await gate.promise;
-          }
-          return r.query.phone;
-        };
-        const app = await start({
-          routes: {
-            '/sms': {
-              use: [
-                fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-                fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: freshPolicy('phone'), key: held }),
-              ],
-            },
-          },
-        });
-        expect(await statuses(`${app.url}/sms`, ['1'])).toEqual([200]);
-        const refused = get(`${app.url}/sms?phone=1&hold=1`);
-        await reached.promise;
+        const route = await heldRoute(client);
+        expect(await statuses(route.url, ['1'])).toEqual([200]);
+        const refused = get(`${route.url}?phone=1&hold=1`);
+        await route.reached;
         other.pause();
-        gate.resolve();
+        route.open();
         const started = Date.now();
         expect((await refused).status).toBe(429);
         expect(Date.now() - started).toBeLessThan(3_000);
         other.resume();
         // The give-back was cut off (the take stays spent, or lands late); the route keeps working either way.
-        expect(await statuses(`${app.url}/sms`, ['2'])).toEqual([200]);
+        expect(await statuses(route.url, ['2'])).toEqual([200]);
       } finally {
         await other.stop();
       }

@@ -53,6 +53,18 @@ function heldEverywhere(prefix: string, key: string): Promise<void> {
   return until(async () => (await nodes.holders(prefix, key)).length === 5, 5_000, `the lock of ${key} on every node`);
 }
 
+/** A lock held by one Redlock (taken at once, held on every node) and a waiter of another in its line on every node. */
+async function heldWithWaiter(tag: string): Promise<{ prefix: string; key: string; held: Lease; waiter: Promise<Lease> }> {
+  const prefix = freshPrefix(tag);
+  const key = 'k';
+  const [a, b] = [redlock(prefix), redlock(prefix)];
+  const held = await a.acquire(key, { ttl: 30_000 });
+  await heldEverywhere(prefix, key);
+  const waiter = b.acquire(key, { ttl: 10_000, wait: 10_000 });
+  await inLineEverywhere(prefix, key, 1);
+  return { prefix, key, held, waiter };
+}
+
 /** Puts a waiter that never attempts (its process died) first in `key`'s line on nodes `on`, live for `liveMs`. */
 async function ghost(prefix: string, key: string, on: readonly number[], name: string, place: number, liveMs: number): Promise<void> {
   const n = lockNames(prefix, key);
@@ -187,15 +199,9 @@ describe('Redlock waiting line', () => {
   });
 
   it('wakes the first waiter by message when a lease that never queued is released', async () => {
-    const prefix = freshPrefix('wake');
-    const key = 'k';
-    const [a, b] = [redlock(prefix), redlock(prefix)];
     // Taken at once, so its release does not send the line's names: each node that frees the lock with a waiter
     // refused meanwhile says so, and is sent WAKE, which publishes the first waiter's name.
-    const held = await a.acquire(key, { ttl: 10_000 });
-    await heldEverywhere(prefix, key);
-    const waiter = b.acquire(key, { ttl: 10_000, wait: 10_000 });
-    await inLineEverywhere(prefix, key, 1);
+    const { held, waiter } = await heldWithWaiter('wake');
     await Promise.all(nodes.admins.map((admin) => admin.config('RESETSTAT')));
     await held.release();
     const next = await within(waiter, 2_000, 'the waiter');
@@ -207,15 +213,9 @@ describe('Redlock waiting line', () => {
   });
 
   it('polls every REDLOCK_POLL_MS: a lock lost without a release message is taken within one interval', async () => {
-    const prefix = freshPrefix('poll');
-    const key = 'k';
-    const [a, b] = [redlock(prefix), redlock(prefix)];
-    const held = await a.acquire(key, { ttl: 30_000 });
-    await heldEverywhere(prefix, key);
+    const { prefix, key, held, waiter } = await heldWithWaiter('poll');
     const attempts = async () =>
       Number(/cmdstat_evalsha:calls=(\d+)/.exec((await nodes.admins[0]!.info('commandstats')) as string)?.[1] ?? 0);
-    const waiter = b.acquire(key, { ttl: 10_000, wait: 10_000 });
-    await inLineEverywhere(prefix, key, 1);
     // Right after one of the waiter's attempts, the lock vanishes from every node as a restart without persistence
     // would drop it: nothing is published, so only the waiter's next poll can find the lock free.
     const before = await attempts();
