@@ -289,6 +289,31 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       expect((await client.peek('client')).remaining).toBe(1);
     });
 
+    it.each(['Redis', 'memory'] as const)('never gives back more than was taken under 96 concurrent requests (%s)', async (where) => {
+      const store = where === 'Redis' ? redis : undefined;
+      const client = new TokenBucket({ capacity: 100, rate: '100/h', redis: store, prefix: `hasp:tb:${freshPolicy('ip')}:` });
+      const app = await start({
+        routes: {
+          '/sms': {
+            use: [
+              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+              fw.rateLimit({ capacity: 1, rate: '1/h', redis: store, policy: freshPolicy('phone'), key: phone }),
+            ],
+          },
+        },
+      });
+      // All at once: 84 requests for 6 numbers, then one for each of 12 new numbers. Every request takes from the
+      // client's bucket (it holds 100); the per-phone limit lets one per number through and refuses the rest, whose
+      // give-backs race the takes of the requests after them, among them the new numbers' that go through.
+      const phones = Array.from({ length: 96 }, (_, i) => (i < 84 ? i % 6 : i - 78));
+      const responses = await Promise.all(phones.map((p) => get(`${app.url}/sms?phone=${p}`)));
+      expect(responses.filter((r) => r.status === 200)).toHaveLength(18);
+      expect(responses.filter((r) => r.status !== 200 && r.status !== 429)).toEqual([]);
+      // Each of the 18 that went through keeps its token: a give-back that undid a later take would leave more.
+      const peek = await client.peek('client'); // what a take of one would decide, and leave
+      expect(peek.allowed ? peek.remaining + 1 : 0).toBeLessThanOrEqual(100 - 18);
+    });
+
     it('answers the refusal within the bucket timeout when the earlier store stops answering, and goes on', async () => {
       const other = await startRedis();
       const otherClient = other.client();
