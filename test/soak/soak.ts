@@ -60,6 +60,8 @@ const PAUSE_MS = TIMEOUT + 300;
 /** How long a failing-over master keeps answering after its replica's link was cut: those writes are lost. */
 const LINK_DOWN_MS = 100;
 const CAPACITY = 10;
+/** The per-client key of the stacked route's first limit, shared by its loops. */
+const STACKED_CLIENT = 'stacked-client';
 const RATE = 50;
 /** A lock operation may spend `wait`, then a last attempt and a release of `timeout` each; plus slack for load. */
 const LOCK_BOUND = WAIT + 2 * TIMEOUT + 3_000;
@@ -154,7 +156,7 @@ async function bucketLoop(store: string, bucket: TokenBucket, key: string): Prom
   }
 }
 
-async function httpLoop(base: string, path: 'limited' | 'locked', key: string): Promise<void> {
+async function httpLoop(base: string, path: 'limited' | 'locked' | 'stacked', key: string): Promise<void> {
   for (let i = 0; running && i < 1_000_000; i++) {
     const start = Date.now();
     const status = await ops.run(`http ${path}`, HTTP_BOUND, [], async () => {
@@ -166,6 +168,8 @@ async function httpLoop(base: string, path: 'limited' | 'locked', key: string): 
     if (status !== undefined) {
       bump(httpStatuses, status);
       if (path === 'limited' && (status === 200 || status === 429)) buckets.record('http', key, start, Date.now(), status === 200);
+      // Checked on the per-client bucket, which takes for every request and gets back what the phone limit refuses.
+      if (path === 'stacked' && (status === 200 || status === 429)) buckets.record('http', STACKED_CLIENT, start, Date.now(), status === 200);
       if (status === 200 || status === 429 || status === 423) succeeded(`http ${path}`);
     }
     await delay(status === 503 ? 20 : 5 + Math.random() * 10);
@@ -178,6 +182,16 @@ function startHttp(redis: Redis): Promise<http.Server> {
   app.get(
     '/limited',
     rateLimit({ capacity: CAPACITY, rate: RATE, redis, key: (req) => String(req.query.k), onStoreError: 'closed', policy: 'soak' }),
+    (_req, res) => {
+      res.json({ ok: true });
+    },
+  );
+  // Two limits, as on an SMS route: one per client (the shared key every stacked loop uses, CAPACITY at RATE) and one per
+  // phone number, which refuses most requests after the client's take; each refusal gives that take back.
+  app.get(
+    '/stacked',
+    rateLimit({ capacity: CAPACITY, rate: RATE, redis, key: STACKED_CLIENT, onStoreError: 'closed', policy: 'soak-client' }),
+    rateLimit({ capacity: 5, rate: 30, redis, key: (req) => String(req.query.k), onStoreError: 'closed', policy: 'soak-phone' }),
     (_req, res) => {
       res.json({ ok: true });
     },
@@ -398,6 +412,7 @@ async function main(): Promise<number> {
   for (let i = 0; i < 2; i++) {
     loops.push(httpLoop(base, 'limited', `h${i}`), httpLoop(base, 'locked', `l${i % 2}`), httpLoop(base, 'locked', 'l0'));
   }
+  for (let i = 0; i < 3; i++) loops.push(httpLoop(base, 'stacked', `p${i}`));
   log(`traffic: ${loops.length} loops (locks, buckets, HTTP)`);
 
   const progress = setInterval(() => {
@@ -448,6 +463,7 @@ async function main(): Promise<number> {
     'replicated bucket',
     'http limited',
     'http locked',
+    'http stacked',
   ];
   const stale = kinds.filter((k) => (lastSuccess.get(k) ?? 0) < calmFrom);
 
