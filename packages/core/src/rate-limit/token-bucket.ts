@@ -128,9 +128,9 @@ export class TokenBucket {
 
 /**
  * For the middleware: the store of a bucket made by this copy of the module (undefined for any other bucket), whose
- * `take` tells a receipt what it stored, so that `giveBack` can undo it. Its callers validate key and cost as `take` does.
+ * `take` can record an admitting take in the request's home so that `giveBack` can undo it. Its callers validate key
+ * and cost as `take` does.
  */
 export function storeOf(bucket: object): BucketStore | undefined {
   return STORES.get(bucket);
 }
-
