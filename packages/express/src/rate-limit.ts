@@ -51,26 +51,44 @@ export function rateLimit<
       next();
       return;
     }
-    // Refused here: what earlier hasp limiters on this route took for the request goes back first, so the refusal
-    // costs nothing in their budgets.
-    const back = limiter.giveBackEarlier(res.locals);
-    if (back === undefined) refuse(req, res, next, d);
-    else void back.then(() => refuse(req, res, next, d));
-  }
-
-  function refuse(req: Request, res: Response, next: NextFunction, d: Decision): void {
     if (handler === undefined) {
-      next(limiter.deniedError(d, res));
+      // Refused here: what earlier hasp limiters on this route took for the request goes back first, so the refusal
+      // costs nothing in their budgets.
+      const back = limiter.giveBackEarlier(res.locals);
+      if (back === undefined) next(limiter.deniedError(d, res));
+      else void back.then(() => next(limiter.deniedError(d, res)));
       return;
     }
+    answer(handler, req, res, next, d);
+  }
+
+  // The handler may answer the request, or let it through (`next()`, `next('route')`), in which case it counts in the
+  // earlier limiters' budgets: their takes go back once the handler is done, and only if it did not let it through.
+  function answer(h: RateLimitHandler, req: Request, res: Response, next: NextFunction, d: Decision): void {
+    let passed = false;
+    const onward: NextFunction = (err?: unknown) => {
+      if (err === undefined || err === 'route' || err === 'router') passed = true;
+      next(err);
+    };
+    const done = () => {
+      if (!passed) void limiter.giveBackEarlier(res.locals);
+    };
     let out: unknown;
     try {
-      out = handler(req, res, next, d);
+      out = h(req, res, onward, d);
     } catch (error) {
+      done();
       next(error);
       return;
     }
-    if (typeof (out as PromiseLike<unknown> | null)?.then === 'function') Promise.resolve(out).catch(next);
+    if (typeof (out as PromiseLike<unknown> | null)?.then !== 'function') {
+      done();
+      return;
+    }
+    Promise.resolve(out).then(done, (error: unknown) => {
+      done();
+      next(error);
+    });
   }
 
   // A plain promise chain rather than an async function: this runs for every request.
