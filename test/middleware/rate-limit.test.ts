@@ -274,23 +274,26 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       expect(app.errors.map((e) => [e.code, e.headers?.RateLimit])).toEqual([['RATE_LIMITED', '"client";r=0;t=1200']]);
     });
 
-    it.runIf(name.startsWith('express'))('gives nothing back when an Express handler lets the refused request through', async () => {
-      // A "log only" limit: its handler calls next(), so the request goes on and counts in the limits before it.
-      const client = new TokenBucket({ capacity: 3, rate: '3/h' });
-      const soft = (_req: unknown, _res: unknown, next: () => void) => next();
-      const app = await start({
-        routes: {
-          '/sms': {
-            use: [
-              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-              fw.rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: phone, handler: soft }),
-            ],
+    // Only Express hands the handler a `next`.
+    if (name.startsWith('express')) {
+      it('gives nothing back when an Express handler lets the refused request through', async () => {
+        // A "log only" limit: its handler calls next(), so the request goes on and counts in the limits before it.
+        const client = new TokenBucket({ capacity: 3, rate: '3/h' });
+        const soft = (_req: unknown, _res: unknown, next: () => void) => next();
+        const app = await start({
+          routes: {
+            '/sms': {
+              use: [
+                fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+                fw.rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: phone, handler: soft }),
+              ],
+            },
           },
-        },
+        });
+        expect(await statuses(`${app.url}/sms`, ['1', '1', '1', '1'])).toEqual([200, 200, 200, 429]);
+        expect((await client.peek('client')).allowed).toBe(false);
       });
-      expect(await statuses(`${app.url}/sms`, ['1', '1', '1', '1'])).toEqual([200, 200, 200, 429]);
-      expect((await client.peek('client')).allowed).toBe(false);
-    });
+    }
 
     it.each(['Redis', 'memory'] as const)('keeps the take spent once another request took from the same bucket after it (%s)', async (where) => {
       const client = new TokenBucket({ capacity: 5, rate: '5/h', redis: where === 'Redis' ? redis : undefined, prefix: `hasp:tb:${freshPolicy('ip')}:` });
