@@ -274,6 +274,45 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       expect(app.errors.map((e) => [e.code, e.headers?.RateLimit])).toEqual([['RATE_LIMITED', '"client";r=0;t=1200']]);
     });
 
+    it('gives back what the limits before it took when a later one cannot decide (a bad key, Redis down under closed)', async () => {
+      const client = new TokenBucket({ capacity: 2, rate: '2/h' });
+      const down = await startRedis();
+      const downClient = down.client();
+      try {
+        const app = await start({
+          routes: {
+            '/sms': {
+              use: [
+                fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+                fw.rateLimit({
+                  capacity: 1,
+                  rate: '1/h',
+                  policy: 'phone',
+                  key: (r: { query: { phone?: string } }) => {
+                    if (r.query.phone === 'bad') throw new Error('no phone number');
+                    return r.query.phone;
+                  },
+                }),
+              ],
+            },
+            '/closed': {
+              use: [
+                fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+                fw.rateLimit({ capacity: 1, rate: '1/h', redis: downClient, policy: 'phone', key: phone, onStoreError: 'closed' }),
+              ],
+            },
+          },
+        });
+        await down.kill();
+        expect(await statuses(`${app.url}/sms`, ['bad', 'bad', 'bad'])).toEqual([500, 500, 500]);
+        expect(await statuses(`${app.url}/closed`, ['1', '2', '3'])).toEqual([503, 503, 503]);
+        // None of those six cost the client anything: two numbers still pass.
+        expect(await statuses(`${app.url}/sms`, ['1', '2', '3'])).toEqual([200, 200, 429]);
+      } finally {
+        await down.stop();
+      }
+    });
+
     // Only Express hands the handler a `next`.
     if (name.startsWith('express')) {
       it('gives nothing back when an Express handler lets the refused request through', async () => {

@@ -209,24 +209,26 @@ export class RateLimiter<Arg, H = never> {
    *   back if a later limiter refuses the request. Without it, nothing is recorded. Not `req` or `ctx` themselves: a
    *   property added there changes their shape under the framework's own code, which slowed every request (measured).
    * @throws a 500 `http-errors` error (`INVALID_KEY`/`INVALID_COST`) for a bad key or cost, before anything is written;
-   *   a 503 (`RATE_LIMIT_UNAVAILABLE`) when Redis failed under `'closed'`
+   *   a 503 (`RATE_LIMIT_UNAVAILABLE`) when Redis failed under `'closed'`; either after giving back the takes recorded
+   *   in `home` (see {@link RateLimiter.giveBackEarlier})
    */
   check(arg: Arg, home?: object): Promise<Decision | undefined> {
     // Plain promise chains rather than async functions: this runs for every request, and each async layer costs a few
     // promises and microtask turns. Synchronous throws (a key or cost function's 500) become rejections.
     try {
       const key = this.keyFn !== undefined ? callKey(this.where, this.keyFn, arg) : (this.staticKey ?? this.defaultKey(arg));
-      if (typeof key === 'object') return key.then((k) => this.withKey(k, arg, home));
+      if (typeof key === 'object') return key.then((k) => this.withKey(k, arg, home), (e: unknown) => this.failed(home, e));
       return this.withKey(key, arg, home);
     } catch (error) {
-      return Promise.reject(error);
+      return this.failed(home, error);
     }
   }
 
   /**
    * For a request this limiter refused: gives back the tokens that earlier hasp limiters on the same request took (in
    * either adapter, any bucket made by hasp, on Redis or in memory), so that a request refused by one policy costs
-   * nothing in the others. A take stays spent when its bucket has been taken from since (removing it from under a later
+   * nothing in the others. (When this limiter cannot decide, a 500 or 503 from {@link RateLimiter.check}, `check` has
+   * done so before rejecting.) A take stays spent when its bucket has been taken from since (removing it from under a later
    * take could admit more than the bucket allows), or when its store fails. Undefined when there is nothing to give
    * back; otherwise resolves (never rejects) once every store has answered.
    * @param home - the object the request's earlier limiters were given as `home` in {@link RateLimiter.check}
@@ -244,8 +246,20 @@ export class RateLimiter<Arg, H = never> {
   private withKey(key: string | undefined, arg: Arg, home: object | undefined): Promise<Decision | undefined> {
     if (key === undefined) return NOT_LIMITED;
     if (this.costFn === undefined) return this.take(key, this.cost, home);
-    const c = callCost(this.where, this.costFn, arg, this.bucket.capacity);
-    return typeof c === 'number' ? this.take(key, c, home) : c.then((cost) => this.take(key, cost, home));
+    let c: number | Promise<number>;
+    try {
+      c = callCost(this.where, this.costFn, arg, this.bucket.capacity);
+    } catch (error) {
+      return this.failed(home, error);
+    }
+    return typeof c === 'number' ? this.take(key, c, home) : c.then((cost) => this.take(key, cost, home), (e: unknown) => this.failed(home, e));
+  }
+
+  // The request fails here (a bad key or cost, or Redis down under 'closed'): it is not served, so it costs nothing in
+  // the limiters before this one either.
+  private failed(home: object | undefined, error: unknown): Promise<never> {
+    const back = this.giveBackEarlier(home);
+    return back === undefined ? Promise.reject(error) : back.then(() => Promise.reject(error));
   }
 
   private take(key: string, cost: number, home: object | undefined): Promise<Decision | undefined> {
@@ -298,7 +312,7 @@ export class RateLimiter<Arg, H = never> {
       case 'open':
         return Promise.resolve(undefined);
       default:
-        return Promise.reject(rateLimitUnavailableError(guard.retryAfter(), cause ?? new Error('rate-limit store is down')));
+        return this.failed(home, rateLimitUnavailableError(guard.retryAfter(), cause ?? new Error('rate-limit store is down')));
     }
   }
 }
