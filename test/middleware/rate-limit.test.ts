@@ -313,6 +313,33 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       }
     });
 
+    it('gives back what the limits before a withLock took when it refuses the request (a double click gets 423)', async () => {
+      const perUser = new TokenBucket({ capacity: 3, rate: '3/h' });
+      const started = deferred();
+      const finish = deferred();
+      const app = await start({
+        routes: {
+          '/buy': {
+            use: [fw.rateLimit({ bucket: perUser, policy: 'user', key: 'user' }), fw.withLock(() => 'order')],
+            handle: async (call) => {
+              if (call.query.hold !== undefined) {
+                started.resolve();
+                await finish.promise;
+              }
+              return undefined;
+            },
+          },
+        },
+      });
+      const first = get(`${app.url}/buy?hold=1`);
+      await within(started.promise, 5_000, 'the first purchase');
+      // Two more clicks while the first is paying: both 423, and neither counts in the user's limit.
+      expect(await statuses(`${app.url}/buy`, ['x', 'x'])).toEqual([423, 423]);
+      finish.resolve();
+      expect((await first).status).toBe(200);
+      expect(await statuses(`${app.url}/buy`, ['x', 'x', 'x'])).toEqual([200, 200, 429]);
+    });
+
     // Only Express hands the handler a `next`.
     if (name.startsWith('express')) {
       it('gives nothing back when an Express handler lets the refused request through', async () => {

@@ -1,5 +1,5 @@
 // withLock() for Express: holds a per-key lock while the request is handled, released when the response is ended.
-import { LockGuard, type HeldLock } from '@hasp/core/http';
+import { giveBackTakes, LockGuard, type HeldLock } from '@hasp/core/http';
 import type { NextFunction, Request, Response } from 'express';
 import { releaseOnEnd } from './release-on-end.js';
 import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, RequestKey, WithLockOptions } from './types.js';
@@ -42,6 +42,8 @@ export function withLock<
     try {
       held = await guard.acquire(req, req, res);
     } catch (error) {
+      // Refused (busy, unavailable, a bad key, the client gone): the request costs nothing in the rate limits before.
+      await giveBackTakes(res.locals);
       next(error);
       return;
     }

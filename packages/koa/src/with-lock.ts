@@ -1,5 +1,5 @@
 // withLock() for Koa: holds a per-key lock around the rest of the middleware chain, released in finally.
-import { LockGuard } from '@hasp/core/http';
+import { giveBackTakes, LockGuard } from '@hasp/core/http';
 import type { Context, Middleware, Next } from 'koa';
 import type { ContextKey, WithLockOptions } from './types.js';
 
@@ -21,7 +21,14 @@ export function withLock(key: ContextKey, options?: WithLockOptions): Middleware
   const guard = new LockGuard<Context>(key, options, 'withLock');
 
   return async function withLockMiddleware(ctx: Context, next: Next): Promise<void> {
-    const held = await guard.acquire(ctx, ctx, ctx.res);
+    let held;
+    try {
+      held = await guard.acquire(ctx, ctx, ctx.res);
+    } catch (error) {
+      // Refused (busy, unavailable, a bad key, the client gone): the request costs nothing in the rate limits before.
+      await giveBackTakes(ctx.state);
+      throw error;
+    }
     if (held === undefined) return next();
     ctx.state.lock = held.lease;
     try {

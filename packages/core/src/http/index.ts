@@ -26,7 +26,7 @@ export type { CostFunction, KeyFunction } from './inputs.js';
 export { holdLock, httpLockError, LockGuard, lockerFor, requestOwner } from './lock-guard.js';
 export type { ClosableResponse, HeldLock, WithLockBaseOptions } from './lock-guard.js';
 export { checkOptionNames, optionErrors } from './options.js';
-export { MIDDLEWARE_BUCKET_PREFIX, RateLimiter } from './rate-limiter.js';
+export { giveBackTakes, MIDDLEWARE_BUCKET_PREFIX, RateLimiter } from './rate-limiter.js';
 export type { HeaderTarget, RateLimitBaseOptions, StoreErrorPolicy } from './rate-limiter.js';
 export { isStoreError, PROBE_INTERVAL_MS, StoreGuard, storeGuard } from './store-guard.js';
 export type { BucketLike, StoreStateEvent } from './store-guard.js';

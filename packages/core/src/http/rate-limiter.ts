@@ -77,6 +77,22 @@ export interface RateLimitBaseOptions<Arg> {
   onStoreState?: (event: StoreStateEvent) => void;
 }
 
+/**
+ * Gives back the takes that hasp rate limiters recorded in `home` for a request that is not served after all (see
+ * {@link RateLimiter.giveBackEarlier}); `withLock` calls it when it refuses a request (423, 503, 499, 500). Undefined
+ * when there is nothing to give back; otherwise resolves (never rejects) once every store has answered.
+ * @param home - the object the request's limiters were given as `home` in {@link RateLimiter.check}
+ */
+export function giveBackTakes(home: object | undefined): Promise<void> | undefined {
+  const newest = home === undefined ? undefined : Taken.leave(home as TakeHome);
+  if (newest === undefined) return undefined;
+  const pending: Promise<unknown>[] = [];
+  for (let t: Taken | undefined = newest; t !== undefined; t = t.prev) {
+    pending.push(t.store.giveBack(t.key, t.cost, t.stored).catch(() => false));
+  }
+  return Promise.all(pending).then(() => undefined);
+}
+
 /** Where the adapters write the fields: a Node `ServerResponse` (Express's `res`, Koa's `ctx.res`). */
 export interface HeaderTarget {
   getHeader(name: string): unknown;
@@ -234,13 +250,7 @@ export class RateLimiter<Arg, H = never> {
    * @param home - the object the request's earlier limiters were given as `home` in {@link RateLimiter.check}
    */
   giveBackEarlier(home: object | undefined): Promise<void> | undefined {
-    const newest = home === undefined ? undefined : Taken.leave(home as TakeHome);
-    if (newest === undefined) return undefined;
-    const pending: Promise<unknown>[] = [];
-    for (let t: Taken | undefined = newest; t !== undefined; t = t.prev) {
-      pending.push(t.store.giveBack(t.key, t.cost, t.stored).catch(() => false));
-    }
-    return Promise.all(pending).then(() => undefined);
+    return giveBackTakes(home);
   }
 
   private withKey(key: string | undefined, arg: Arg, home: object | undefined): Promise<Decision | undefined> {
