@@ -186,7 +186,7 @@ export class RedisBucketStore implements BucketStore {
       // A take that lands after its caller gave up (a stalled server) spent tokens nobody used: give them back while
       // nothing else has touched the bucket since. (A low-rate key, say 3 SMS per 10 minutes, would otherwise lose one.)
       // A peek spends nothing, so it needs no such hook.
-      commit ? (late) => this.refund(name, late as TakeReply, cost) : undefined,
+      commit ? (late) => this.refund(key, late as TakeReply, cost) : undefined,
     ).then((result) => {
       // Redis read the clock and the bucket; the decision is the same arithmetic on what it saw, done here.
       // Number(): a client made with ioredis's `stringNumbers` answers numbers as strings.
@@ -217,13 +217,11 @@ export class RedisBucketStore implements BucketStore {
   }
 
   /** Gives back the tokens of an admitting take whose caller gave up, while the bucket still holds what it stored. */
-  private refund(name: string, reply: TakeReply, cost: number): void {
+  private refund(key: string, reply: TakeReply, cost: number): void {
     const stored = Number(reply[1]);
     // Only a grant spent tokens; a denial stores only when it clamped a TAT from a clock step back.
     if (stored === 0 || !decide(this.params, Number(reply[0]), 0, cost, false).decision.allowed) return;
-    bounded(this.client, this.timeout, () => REFUND.run(this.client, [name], [stored, spentBy(this.params, cost)])).catch(
-      () => undefined,
-    );
+    this.giveBack(key, cost, stored).catch(() => undefined);
   }
 
   private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
