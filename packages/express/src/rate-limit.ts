@@ -1,6 +1,6 @@
 // rateLimit() for Express: a token bucket per key, the RateLimit fields on every response, a 429 to next(err) on denial.
 import type { Decision } from '@hasp/core';
-import { clientIpKey, RateLimiter } from '@hasp/core/http';
+import { clientIpKey, giveBackTakes, RateLimiter } from '@hasp/core/http';
 import type { NextFunction, Request, Response } from 'express';
 import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, RateLimitHandler, RateLimitOptions } from './types.js';
 
@@ -54,7 +54,7 @@ export function rateLimit<
     if (handler === undefined) {
       // Refused here: what earlier hasp limiters on this route took for the request goes back first, so the refusal
       // costs nothing in their budgets.
-      const back = limiter.giveBackEarlier(res.locals);
+      const back = giveBackTakes(res.locals);
       if (back === undefined) next(limiter.deniedError(d, res));
       else void back.then(() => next(limiter.deniedError(d, res)));
       return;
@@ -71,7 +71,7 @@ export function rateLimit<
       next(err);
     };
     const done = () => {
-      if (!passed) void limiter.giveBackEarlier(res.locals);
+      if (!passed) void giveBackTakes(res.locals);
     };
     let out: unknown;
     try {

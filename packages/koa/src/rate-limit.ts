@@ -1,6 +1,6 @@
 // rateLimit() for Koa: a token bucket per key, the RateLimit fields on every response, a thrown 429 on denial.
 import type { Decision } from '@hasp/core';
-import { clientIpKey, RateLimiter } from '@hasp/core/http';
+import { clientIpKey, giveBackTakes, RateLimiter } from '@hasp/core/http';
 import type { Context, Middleware, Next } from 'koa';
 import { keepFieldsOnError } from './keep-fields.js';
 import type { RateLimitHandler, RateLimitOptions } from './types.js';
@@ -40,8 +40,8 @@ export function rateLimit(options: RateLimitOptions): Middleware {
       ctx.state.rateLimit = d;
       if (headers || !d.allowed) limiter.setHeaders(ctx.res, d);
       if (!d.allowed) {
-        // What earlier hasp limiters on this route took for the request goes back first (see giveBackEarlier).
-        const back = limiter.giveBackEarlier(ctx.state);
+        // What earlier hasp limiters on this route took for the request goes back first (see giveBackTakes).
+        const back = giveBackTakes(ctx.state);
         return back === undefined ? refuse(ctx, d) : back.then(() => refuse(ctx, d));
       }
       if (!headers) return next();

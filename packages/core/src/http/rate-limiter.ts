@@ -78,8 +78,11 @@ export interface RateLimitBaseOptions<Arg> {
 }
 
 /**
- * Gives back the takes that hasp rate limiters recorded in `home` for a request that is not served after all (see
- * {@link RateLimiter.giveBackEarlier}); `withLock` calls it when it refuses a request (423, 503, 499, 500). Undefined
+ * For a request that is not served after all: gives back the tokens that hasp rate limiters recorded in `home` for it
+ * (in either adapter, any bucket made by hasp, on Redis or in memory), so that a request refused by one policy, or by
+ * `withLock` (423, 503, 499, 500), costs nothing in the others. A limiter that cannot decide (a 500 or 503 from
+ * {@link RateLimiter.check}) has done so before rejecting. A take stays spent when its bucket has been taken from since
+ * (removing it from under a later take could admit more than the bucket allows), or when its store fails. Undefined
  * when there is nothing to give back; otherwise resolves (never rejects) once every store has answered.
  * @param home - the object the request's limiters were given as `home` in {@link RateLimiter.check}
  */
@@ -221,12 +224,12 @@ export class RateLimiter<Arg, H = never> {
    * Redis failed under `'open'`).
    * @param arg - what the key and cost functions receive (Express `req`, Koa `ctx`)
    * @param home - an object that lives as long as the request and that the framework does not read (Express
-   *   `res.locals`, Koa `ctx.state`): the take is recorded there, so that {@link RateLimiter.giveBackEarlier} can give it
+   *   `res.locals`, Koa `ctx.state`): the take is recorded there, so that {@link giveBackTakes} can give it
    *   back if a later limiter refuses the request. Without it, nothing is recorded. Not `req` or `ctx` themselves: a
    *   property added there changes their shape under the framework's own code, which slowed every request (measured).
    * @throws a 500 `http-errors` error (`INVALID_KEY`/`INVALID_COST`) for a bad key or cost, before anything is written;
    *   a 503 (`RATE_LIMIT_UNAVAILABLE`) when Redis failed under `'closed'`; either after giving back the takes recorded
-   *   in `home` (see {@link RateLimiter.giveBackEarlier})
+   *   in `home` (see {@link giveBackTakes})
    */
   check(arg: Arg, home?: object): Promise<Decision | undefined> {
     // Plain promise chains rather than async functions: this runs for every request, and each async layer costs a few
@@ -238,19 +241,6 @@ export class RateLimiter<Arg, H = never> {
     } catch (error) {
       return this.failed(home, error);
     }
-  }
-
-  /**
-   * For a request this limiter refused: gives back the tokens that earlier hasp limiters on the same request took (in
-   * either adapter, any bucket made by hasp, on Redis or in memory), so that a request refused by one policy costs
-   * nothing in the others. (When this limiter cannot decide, a 500 or 503 from {@link RateLimiter.check}, `check` has
-   * done so before rejecting.) A take stays spent when its bucket has been taken from since (removing it from under a later
-   * take could admit more than the bucket allows), or when its store fails. Undefined when there is nothing to give
-   * back; otherwise resolves (never rejects) once every store has answered.
-   * @param home - the object the request's earlier limiters were given as `home` in {@link RateLimiter.check}
-   */
-  giveBackEarlier(home: object | undefined): Promise<void> | undefined {
-    return giveBackTakes(home);
   }
 
   private withKey(key: string | undefined, arg: Arg, home: object | undefined): Promise<Decision | undefined> {
@@ -268,7 +258,7 @@ export class RateLimiter<Arg, H = never> {
   // The request fails here (a bad key or cost, or Redis down under 'closed'): it is not served, so it costs nothing in
   // the limiters before this one either.
   private failed(home: object | undefined, error: unknown): Promise<never> {
-    const back = this.giveBackEarlier(home);
+    const back = giveBackTakes(home);
     return back === undefined ? Promise.reject(error) : back.then(() => Promise.reject(error));
   }
 
@@ -284,7 +274,7 @@ export class RateLimiter<Arg, H = never> {
   }
 
   // Through the bucket's store when hasp made the bucket, so that the take is recorded on the request (see
-  // giveBackEarlier); key and cost are valid here (callKey, callCost, the constructor).
+  // giveBackTakes); key and cost are valid here (callKey, callCost, the constructor).
   private takeFrom(bucket: BucketLike, store: BucketStore | undefined, key: string, cost: number, home: object | undefined): Promise<Decision> {
     if (store === undefined || home === undefined) return bucket.take(key, cost);
     return store.take(key, cost, true, home as TakeHome);
