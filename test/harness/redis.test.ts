@@ -1,9 +1,14 @@
 // Tests of the redis-server harness itself: start, pause/resume, kill/restart, cluster, cleanup.
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
   missingBinaryMessage,
+  redisVersionProblem,
   startCluster,
   startRedis,
   stopAll,
@@ -59,6 +64,39 @@ describe('startRedis', () => {
       'redis-server not found. Install it: Debian/Ubuntu: `sudo apt-get install -y redis-server`; ' +
         'macOS: `brew install redis`; or put a Redis 6.2+ redis-server binary on PATH.',
     );
+  });
+
+  it('refuses a redis-server older than 6.2, whose lock scripts would fail, with what to install', () => {
+    const old = redisVersionProblem('Redis server v=6.0.16 sha=00000000:0 malloc=jemalloc-5.2.1 bits=64 build=a3fdef44459b3ad6');
+    expect(old).toMatch(/^redis-server is Redis 6\.0; hasp needs 6\.2 or later\. .*redis-debian.*brew install redis/);
+    expect(redisVersionProblem('Redis server v=5.0.7 sha=00000000:0')).toMatch(/Redis 5\.0;/);
+    for (const ok of ['Redis server v=6.2.0 sha=0', 'Redis server v=7.0.15 sha=0', 'Redis server v=10.1.0 sha=0', 'Valkey server v=8.0.1 sha=0', 'something else']) {
+      expect(redisVersionProblem(ok)).toBeUndefined();
+    }
+  });
+
+  it("scripts/ensure-redis.sh (the README's test command runs it first) refuses a redis-server older than 6.2", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'hasp-fake-redis-'));
+    try {
+      const run = (version: string) => {
+        for (const name of ['redis-server', 'redis-cli']) {
+          fs.writeFileSync(path.join(dir, name), `#!/bin/sh\necho "Redis server v=${version} sha=00000000:0 bits=64"\n`, { mode: 0o755 });
+        }
+        return spawnSync('bash', [fileURLToPath(new URL('../../scripts/ensure-redis.sh', import.meta.url))], {
+          encoding: 'utf8',
+          env: { ...process.env, PATH: `${dir}${path.delimiter}${process.env.PATH ?? ''}` },
+        });
+      };
+      const old = run('6.0.16');
+      expect(old.status).toBe(1);
+      expect(old.stderr).toMatch(/is Redis 6\.0; hasp needs Redis 6\.2 or later/);
+      expect(old.stderr).toContain('https://packages.redis.io/deb $(lsb_release -cs) main');
+      const recent = run('6.2.14');
+      expect(recent.status).toBe(0);
+      expect(recent.stderr).toBe('');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('serves, pauses, resumes, dies, restarts on the same port and flushes', async () => {

@@ -1,5 +1,5 @@
 // Test harness: private redis-server processes (single nodes and clusters) on free loopback ports.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import net from 'node:net';
@@ -90,6 +90,31 @@ export function requireBinary(name: 'redis-server' | 'redis-cli'): string {
     }
   }
   throw new Error(missingBinaryMessage(name));
+}
+
+/**
+ * Why a redis-server whose `--version` printed `output` cannot run hasp, or undefined when it can: hasp's lock
+ * scripts use `SET ... GET` (6.2), so an older server would fail every lock test with a syntax error. Output without a
+ * version (a fork that says nothing) passes.
+ */
+export function redisVersionProblem(output: string): string | undefined {
+  const m = / v=(\d+)\.(\d+)/.exec(output);
+  if (m === null) return undefined;
+  const major = Number(m[1]);
+  const minor = Number(m[2]);
+  if (major > 6 || (major === 6 && minor >= 2)) return undefined;
+  return (
+    `redis-server is Redis ${major}.${minor}; hasp needs 6.2 or later. Put a newer redis-server and redis-cli first on ` +
+    'PATH (Debian/Ubuntu: Redis\'s APT repository, https://github.com/redis/redis-debian; macOS: `brew install redis`); ' +
+    '`bash scripts/ensure-redis.sh` prints the commands.'
+  );
+}
+
+/** Throws {@link redisVersionProblem} for the redis-server on PATH (and {@link missingBinaryMessage} when there is none). */
+export function requireRedisVersion(): void {
+  const output = execFileSync(requireBinary('redis-server'), ['--version'], { encoding: 'utf8' });
+  const problem = redisVersionProblem(output);
+  if (problem !== undefined) throw new Error(problem);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // Type-level checks (compiled by `pnpm typecheck`, never run): the Express middleware keeps a route's parameter,
 // body and query types, and the Koa middleware accepts typed contexts.
-import { rateLimit, withLock, type StoreStateEvent } from '@hasp/express';
-import { rateLimit as koaRateLimit, withLock as koaWithLock, type StoreStateEvent as KoaStoreStateEvent } from '@hasp/koa';
+import type { StoreStateEvent } from '@hasp/core/http';
+import { rateLimit, withLock } from '@hasp/express';
+import { rateLimit as koaRateLimit, withLock as koaWithLock } from '@hasp/koa';
 import express from 'express5';
 import Koa from 'koa3';
 
@@ -93,4 +94,4 @@ const logOutage = (e: StoreStateEvent): void => {
   console.warn(`rate limiter's Redis is ${e.state}`, e.error);
 };
 app.use(rateLimit({ capacity: 10, rate: 10, onStoreState: logOutage }));
-new Koa().use(koaRateLimit({ capacity: 10, rate: 10, onStoreState: (e: KoaStoreStateEvent) => void e.error }));
+new Koa().use(koaRateLimit({ capacity: 10, rate: 10, onStoreState: (e: StoreStateEvent) => void e.error }));

@@ -69,7 +69,8 @@ export interface Lease {
   extend(ttl?: number): Promise<void>;
   /**
    * Releases this lease. Idempotent: resolves `true` when this call released a lease that was still held,
-   * `false` when it was already released or had expired or been lost.
+   * `false` when it was already released or had expired or been lost. For a nested lease (same `owner`) that is
+   * `true` too, although the lock stays held until the last of its leases is released.
    * @throws {@link LockUnavailableError} when the store cannot answer (the lock then expires by its ttl); calling again retries
    */
   release(): Promise<boolean>;

@@ -2,4 +2,3 @@
 export { rateLimit } from './rate-limit.js';
 export { withLock } from './with-lock.js';
 export type { DefaultLocals, DefaultParams, DefaultQuery, RateLimitHandler, RateLimitOptions, RequestKey, RouteMiddleware, WithLockOptions } from './types.js';
-export type { StoreStateEvent } from '@hasp/core/http';

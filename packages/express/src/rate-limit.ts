@@ -16,8 +16,10 @@ const ipKey = (req: Request): string => clientIpKey(req.ip);
  * ```ts
  * app.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (req) => req.body.phone, policy: 'sms' }), send);
  * ```
- * @typeParam P - route parameters, as in Express's `RequestHandler` (inferred from the route's path when used in a
- *   route); likewise `ResBody`, `ReqBody`, `ReqQuery` and `Locals`
+ * @typeParam P - route parameters the key, cost and handler functions see, as in Express's `RequestHandler`: give
+ *   them (`rateLimit<{ id: string }>({ ..., key: (req) => req.params.id })`) or annotate a function's parameter;
+ *   otherwise they see Express's defaults. (The returned middleware takes the route's own types, so the handlers after
+ *   it keep theirs.) Likewise `ResBody`, `ReqBody`, `ReqQuery` and `Locals`
  */
 /* eslint-disable @typescript-eslint/no-explicit-any -- Express's own defaults for bodies and locals */
 export function rateLimit<

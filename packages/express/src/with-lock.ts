@@ -22,9 +22,10 @@ import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, Reque
  * ```ts
  * app.post('/orders/:id/pay', withLock((req) => `order:${req.params.id}`, { redis }), pay);
  * ```
- * @typeParam P - route parameters, as in Express's `RequestHandler` (inferred from the route's path when used in a
- *   route, so `req.params.id` is a `string` in the key function and in the handlers after it); likewise `ResBody`,
- *   `ReqBody`, `ReqQuery` and `Locals`
+ * @typeParam P - route parameters the key function sees, as in Express's `RequestHandler`: give them
+ *   (``withLock<{ id: string }>((req) => `order:${req.params.id}`)``) or annotate the function's parameter; otherwise
+ *   it sees Express's defaults. (The returned middleware takes the route's own types, so the handlers after it keep
+ *   `req.params.id: string` either way.) Likewise `ResBody`, `ReqBody`, `ReqQuery` and `Locals`
  */
 /* eslint-disable @typescript-eslint/no-explicit-any -- Express's own defaults for bodies and locals */
 export function withLock<

@@ -19,7 +19,8 @@ const ipKey = (ctx: Context): string => clientIpKey(ctx.ip);
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts
- * router.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (ctx) => ctx.request.body.phone, policy: 'sms' }), send);
+ * const phone = (ctx: Koa.Context) => (ctx.request.body as { phone?: string }).phone;
+ * router.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: phone, policy: 'sms' }), send);
  * ```
  */
 export function rateLimit(options: RateLimitOptions): Middleware {

@@ -2,7 +2,7 @@
 
 /**
  * Runs `resolve` and prefixes the message of any TypeError or RangeError it throws with `where`, keeping the class,
- * so `rateLimit({ rate: 0 })` fails with `RangeError: rateLimit: rate must be a finite number > 0, got 0`.
+ * so `rateLimit({ capacity: 5, rate: 0 })` fails with `RangeError: rateLimit: rate must be a finite number > 0, got 0`.
  */
 export function optionErrors<T>(where: string, resolve: () => T): T {
   try {

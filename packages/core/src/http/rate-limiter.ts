@@ -28,7 +28,8 @@ export interface RateLimitBaseOptions<Arg> {
    */
   redis?: RedisClient;
   /**
-   * A prepared `TokenBucket` (e.g. shared between routes); replaces `capacity`, `rate` and `redis`.
+   * A prepared `TokenBucket` (e.g. shared between routes), instead of `capacity`, `rate` and `redis` (giving any of
+   * them as well throws).
    * @default none
    */
   bucket?: BucketLike;

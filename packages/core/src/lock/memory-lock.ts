@@ -1,4 +1,5 @@
 // MemoryLock: the Locker for one process, with no Redis; the zero-setup default of the middleware.
+import { checkPrefix } from '../redis/keys.js';
 import type { MemoryLockOptions } from '../types.js';
 import * as v from '../util/validate.js';
 import { BaseLocker, resolveLockerOptions } from './locker.js';
@@ -26,7 +27,8 @@ export class MemoryLock extends BaseLocker {
   constructor(options?: MemoryLockOptions) {
     const o = v.definedOnly(options);
     v.knownKeys('MemoryLock', o, OPTIONS);
-    if (o.prefix !== undefined) v.string('prefix', o.prefix);
+    // Checked as the Redis lockers check it, so code that moves to Redis meets no new error there.
+    if (o.prefix !== undefined) checkPrefix(v.string('prefix', o.prefix));
     const clock = o.clock === undefined ? Date.now : v.func<() => number>('clock', o.clock);
     super(new MemoryLockStore(clock), resolveLockerOptions(o));
   }
