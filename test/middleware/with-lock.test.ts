@@ -2,7 +2,7 @@
 // concurrent requests, parallelism across keys, release after errors and client disconnects, auto-extension, lost
 // locks, re-entry, and bad keys.
 import http from 'node:http';
-import { PassThrough } from 'node:stream';
+import { PassThrough, pipeline, Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import v8 from 'node:v8';
 import vm from 'node:vm';
@@ -50,6 +50,18 @@ async function lockedInRedis(key: string): Promise<boolean> {
 }
 
 const orderKey = (r: { query: { order?: string } }) => r.query.order;
+
+/** GETs `url` and reads whatever comes until the connection closes (the server may cut the response short). */
+function readUntilClosed(url: string): Promise<void> {
+  return new Promise((resolve) => {
+    const req = http.get(url, (res) => {
+      res.resume();
+      res.on('error', () => undefined);
+    });
+    req.on('error', () => undefined);
+    req.on('close', () => resolve());
+  });
+}
 
 describe.each(FRAMEWORKS)('withLock on %s', (name) => {
   let fw: Framework;
@@ -302,6 +314,124 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     expect(performance.now() - t0).toBeLessThan(1_500);
     expect((await get(`${app.url}/buy?order=${order}&then=answer`)).status).toBe(200);
   });
+
+  if (name.startsWith('express')) {
+    // Express never ends these responses: it answers an error after the headers were sent by destroying the
+    // connection, and a pipe whose source fails destroys the response. Nothing can end them any more, so the lock goes
+    // at once, not whenever the response happens to be collected (which under traffic can take minutes).
+    it('frees the lock at once when the server destroys the response (a late error, a failed pipe)', async () => {
+      const kept: unknown[] = []; // keeps every response reachable: only the close may free the lock, not a collection
+      const app = await start({
+        errors: 'default',
+        routes: {
+          '/late-error': {
+            use: [fw.withLock(orderKey, { redis })],
+            express: (_req, res, next) => {
+              kept.push(res);
+              if (_req.query.then === 'answer') return res.end('ok');
+              res.write('partial');
+              setTimeout(() => next(new Error('failed after the headers')), 10);
+            },
+          },
+          '/pipe': {
+            use: [fw.withLock(orderKey, { redis })],
+            express: (req, res) => {
+              kept.push(res);
+              if (req.query.then === 'answer') return res.end('ok');
+              let rows = 0;
+              const source = new Readable({
+                read() {
+                  if (rows++ < 3) this.push('row\n');
+                  else this.destroy(new Error('cursor failed'));
+                },
+              });
+              pipeline(source, res, () => undefined);
+            },
+          },
+        },
+      });
+      for (const path of ['/late-error', '/pipe']) {
+        const order = freshOrder(`destroyed${path.replace('/', '-')}`);
+        await readUntilClosed(`${app.url}${path}?order=${order}`);
+        await until(async () => !(await lockedInRedis(order)), 2_000, `the lock of ${path} to be freed`, 20);
+        expect((await get(`${app.url}${path}?order=${order}&then=answer`)).status).toBe(200);
+      }
+      expect(kept.length).toBe(4);
+    });
+
+    it('keeps the lock of a handler whose connection a socket timeout closed, until the handler ends the response', async () => {
+      const order = freshOrder('timeout');
+      const closed = deferred();
+      const finish = deferred();
+      const app = await start({
+        routes: {
+          '/buy': {
+            use: [fw.withLock(orderKey, { redis, ttl: 2_000 })],
+            express: (req, res) => {
+              if (req.query.then === 'answer') return res.end('ok');
+              // Node destroys a connection whose timeout fires with nobody listening for it: the server closed it, but
+              // the handler is still running and must keep its lock.
+              req.socket.setTimeout(100);
+              res.on('close', () => closed.resolve());
+              void finish.promise.then(() => res.end());
+            },
+          },
+        },
+      });
+      const cut = send(`${app.url}/buy?order=${order}`).response.then(
+        () => 'answered',
+        (error: { code?: string }) => error.code,
+      );
+      await within(closed.promise, 5_000, 'the timeout to close the connection');
+      expect(await cut).toBe('ECONNRESET');
+      expect((await get(`${app.url}/buy?order=${order}`)).status).toBe(423);
+      expect(await lockedInRedis(order)).toBe(true);
+      finish.resolve();
+      await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed by the end', 20);
+    });
+
+    it('frees the lock of a client that left before the lock was held, once nothing can end its response', async () => {
+      const order = freshOrder('left-early');
+      const arrived = deferred();
+      const left = deferred();
+      const returned = deferred();
+      const app = await start({
+        routes: {
+          '/buy': {
+            use: [
+              // A slow step before withLock (a body parser, a session lookup) during which the client goes away.
+              (req: http.IncomingMessage, res: http.ServerResponse, next: () => void) => {
+                if (new URL(req.url!, 'http://x').searchParams.get('then') === 'answer') return next();
+                res.once('close', () => left.resolve());
+                arrived.resolve();
+                void left.promise.then(() => next());
+              },
+              fw.withLock(orderKey, { redis, ttl: 2_000 }),
+            ],
+            express: (req, res) => {
+              if (req.query.then === 'answer') return res.end('ok');
+              // Gives up on the gone client without ending the response.
+              setImmediate(() => returned.resolve());
+            },
+          },
+        },
+      });
+      const pending = send(`${app.url}/buy?order=${order}`);
+      await within(arrived.promise, 5_000, 'the request to arrive');
+      pending.abort();
+      await within(returned.promise, 5_000, 'the handler to return');
+      await until(
+        async () => {
+          gc();
+          return !(await lockedInRedis(order));
+        },
+        5_000,
+        'the abandoned lock to be freed',
+        20,
+      );
+      expect((await get(`${app.url}/buy?order=${order}&then=answer`)).status).toBe(200);
+    });
+  }
 
   it('extends the lock while a handler outlives the ttl, and aborts req.lock.signal when the lock is lost', async () => {
     const order = freshOrder('extend');

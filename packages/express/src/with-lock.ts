@@ -10,10 +10,12 @@ import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, Reque
  * at `req.lock` and is auto-extended until the response is ended (by the handler, an error handler, or Express's final
  * handler, also for Express 5's rejected async handlers), then released once, before the response is sent.
  *
- * A client that disconnects does not free the lock: the handler still holds it until it ends the response (`res.end()`
- * works on a closed connection, so handlers that always answer need nothing special). A handler that gives up on a
- * gone client without ending the response frees the lock when the response object is garbage-collected, which an idle
- * Node process does within seconds; end the response to free it at once. If `req.lock.signal` aborts (the lock was
+ * A response the server closes without ending it (Express answering an error after the headers were sent, a failed
+ * `pipeline` into it) frees the lock at once. A client that disconnects, or a socket timeout, does not: the handler
+ * still holds the lock until it ends the response (`res.end()` works on a closed connection, so handlers that always
+ * answer need nothing special). A handler that gives up on a gone client without ending the response frees the lock
+ * when the response object is garbage-collected, which an idle Node process does within seconds and a busy one may not
+ * do for minutes; end the response to free it at once. If `req.lock.signal` aborts (the lock was
  * lost), stop changing the protected resource. With `wait`, a client that disconnects while its request waits for the
  * lock stops the wait (a 499, code `CLIENT_CLOSED_REQUEST`, goes to `next(err)`). Express 4 ignores rejected promises:
  * there, an async handler must pass its errors to `next` itself, or its response is never ended.
