@@ -5,6 +5,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { setTimeout as delay } from 'node:timers/promises';
 import { TokenBucket } from '@hasp/core';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -342,10 +343,17 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
 
     // Only Express hands the handler a `next`.
     if (name.startsWith('express')) {
-      it('gives nothing back when an Express handler lets the refused request through', async () => {
+      const softHandlers: [string, (req: unknown, res: unknown, next: () => void) => unknown][] = [
+        ['at once', (_req, _res, next) => next()],
+        ['from a callback, after returning', (_req, _res, next) => void setTimeout(next, 5)],
+        ['after an await', async (_req, _res, next) => {
+          await delay(5);
+          next();
+        }],
+      ];
+      it.each(softHandlers)('gives nothing back when an Express handler lets the refused request through (%s)', async (_how, soft) => {
         // A "log only" limit: its handler calls next(), so the request goes on and counts in the limits before it.
         const client = new TokenBucket({ capacity: 3, rate: '3/h' });
-        const soft = (_req: unknown, _res: unknown, next: () => void) => next();
         const app = await start({
           routes: {
             '/sms': {

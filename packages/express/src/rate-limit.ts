@@ -64,33 +64,30 @@ export function rateLimit<
     answer(handler, req, res, next, d);
   }
 
-  // The handler may answer the request, or let it through (`next()`, `next('route')`), in which case it counts in the
-  // earlier limiters' budgets: their takes go back once the handler is done, and only if it did not let it through.
+  // The handler may answer the request, or let it through (`next()`, `next('route')`, at once or later), in which case
+  // it counts in the earlier limiters' budgets. Which it did shows only once the response is over: their takes go back
+  // then, if the response was ended (by the handler, or by an error handler after its `next(err)`) and the handler did
+  // not let the request through. A response that closes unended (the client went, the connection was destroyed) keeps
+  // them: its handler may still pass the request on.
   function answer(h: RateLimitHandler, req: Request, res: Response, next: NextFunction, d: Decision): void {
     let passed = false;
     const onward: NextFunction = (err?: unknown) => {
       if (err === undefined || err === 'route' || err === 'router') passed = true;
       next(err);
     };
-    const done = () => {
-      if (!passed) void giveBackTakes(res.locals);
-    };
+    res.once('close', () => {
+      if (!passed && res.writableEnded) void giveBackTakes(res.locals);
+    });
     let out: unknown;
     try {
       out = h(req, res, onward, d);
     } catch (error) {
-      done();
       next(error);
       return;
     }
-    if (typeof (out as PromiseLike<unknown> | null)?.then !== 'function') {
-      done();
-      return;
+    if (typeof (out as PromiseLike<unknown> | null)?.then === 'function') {
+      Promise.resolve(out).then(undefined, (error: unknown) => next(error));
     }
-    Promise.resolve(out).then(done, (error: unknown) => {
-      done();
-      next(error);
-    });
   }
 
   // A plain promise chain rather than an async function: this runs for every request.
