@@ -3,7 +3,7 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TokenBucket } from '../../packages/core/src/index.js';
-import { RedisBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
+import { RedisBucketStore, Taken, type TakeHome } from '../../packages/core/src/rate-limit/bucket-store.js';
 import { gcraParams } from '../../packages/core/src/rate-limit/gcra.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { uniquePrefix } from './helpers.js';
@@ -141,6 +141,24 @@ describe('TokenBucket on Redis: keys known to be short of tokens', () => {
     expect((await inFlight).allowed).toBe(false);
     await reset;
     expect(await bucket.take('k', 2)).toMatchObject({ allowed: true, remaining: 0 });
+  });
+
+  it('forgets a key whose tokens are given back, also when a take was in flight during the give-back', async () => {
+    const store = new RedisBucketStore(admin, uniquePrefix('give-back'), gcraParams(2, 2 / 60), 2_000);
+    const home: TakeHome = {};
+    expect((await store.take('k', 1, true, home)).allowed).toBe(true);
+    const taken = Taken.leave(home)!;
+    // A take sent before the give-back is answered after it: its denial describes the bucket without the tokens that
+    // came back. Frozen, the server runs the take and the give-back in the order they were written once it thaws.
+    node.pause();
+    const inFlight = store.take('k', 2, true);
+    await turn();
+    const back = store.giveBack('k', 1, taken.stored);
+    node.resume();
+    expect((await inFlight).allowed).toBe(false);
+    expect(await back).toBe(true);
+    // Redis holds a full bucket again: a take of 2 goes there, and is not refused from the memory of that denial.
+    expect(await store.take('k', 2, true)).toMatchObject({ allowed: true, remaining: 0 });
   });
 
   it('a reset elsewhere (another bucket object) is seen once the remembered denial runs out', async () => {

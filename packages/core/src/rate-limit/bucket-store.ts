@@ -130,6 +130,10 @@ export class RedisBucketStore implements BucketStore {
   private readonly denied = new Map<string, Short>();
   // Bumped by every reset(): a reply to a take sent before the reset no longer describes the bucket.
   private resets = 0;
+  // When (µs, monotonic) each key last had tokens given back, oldest first: a reply to a take sent before that describes
+  // the bucket without them, so it is not remembered (it would refuse from memory what Redis now admits). Kept for as
+  // long as such a take can still be answered (the call timeout), and bounded like the cache itself.
+  private readonly gaveBack = new Map<string, number>();
 
   constructor(
     private readonly client: RedisClient,
@@ -157,8 +161,21 @@ export class RedisBucketStore implements BucketStore {
   giveBack(key: string, cost: number, stored: number): Promise<boolean> {
     // Tokens that come back make a remembered shortage wrong: let Redis answer the next take.
     this.denied.delete(key);
+    this.noteGiveBack(key);
     const name = keyStem(this.prefix, key);
     return this.call(() => REFUND.run(this.client, [name], [stored, spentBy(this.params, cost)])).then((r) => Number(r) === 1);
+  }
+
+  private noteGiveBack(key: string): void {
+    const now = nowUs();
+    const old = now - this.timeout * 1_000;
+    for (const [k, at] of this.gaveBack) {
+      if (at >= old) break;
+      this.gaveBack.delete(k);
+    }
+    this.gaveBack.delete(key);
+    makeRoom(this.gaveBack, this.deniedMax);
+    this.gaveBack.set(key, now);
   }
 
   async reset(key: string): Promise<void> {
@@ -195,7 +212,12 @@ export class RedisBucketStore implements BucketStore {
       if (home !== undefined && decision.allowed && commit) record(home, this, key, cost, Number((result as TakeReply)[1]));
       // Remember a bucket another take of this cost would find short (after a denial, or a grant that emptied it), and
       // keep a remembered one up to date.
-      if (commit && resets === this.resets && (!decision.allowed || decision.remaining < cost || this.denied.has(key))) {
+      if (
+        commit &&
+        resets === this.resets &&
+        (!decision.allowed || decision.remaining < cost || this.denied.has(key)) &&
+        (this.gaveBack.size === 0 || sent > (this.gaveBack.get(key) ?? -1))
+      ) {
         this.remember(key, sent, after);
       }
       return decision;
