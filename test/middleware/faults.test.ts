@@ -4,7 +4,7 @@
 import { TokenBucket } from '@hasp/core';
 import { giveBackTakes, RateLimiter, type StoreStateEvent } from '@hasp/core/http';
 import type { Redis } from 'ioredis';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { until } from '../core/helpers.js';
 import { notReady, ready, trackUnhandled } from '../redlock/support.js';
@@ -304,6 +304,44 @@ describe('onStoreState', () => {
       50,
     );
     expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
+    client.disconnect();
+    await own.stop();
+  });
+
+  it('probes on the monotonic clock: a wall clock stepped back during an outage delays neither recovery nor Retry-After', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await ready(client);
+    const heard: StoreStateEvent[] = [];
+    const bucket = new TokenBucket({ capacity: 5, rate: '1/h', redis: client, timeout: 300 });
+    const limiter = new RateLimiter({ bucket, key: 'k', onStoreError: 'closed', onStoreState: (e) => void heard.push(e) }, () => 'k');
+    expect((await limiter.check({}))?.allowed).toBe(true);
+    own.pause();
+    const wall = Date.now.bind(Date);
+    try {
+      await expect(limiter.check({})).rejects.toMatchObject({ status: 503 });
+      // NTP steps the clock back an hour while Redis is out.
+      vi.spyOn(Date, 'now').mockImplementation(() => wall() - 3_600_000);
+      const refused = (await limiter.check({}).catch((e: unknown) => e)) as { status?: number; headers?: Record<string, string> };
+      expect(refused.status).toBe(503);
+      expect(refused.headers?.['Retry-After']).toBe('1');
+    } finally {
+      own.resume();
+    }
+    try {
+      await until(
+        async () => {
+          await limiter.check({}).catch(() => undefined);
+          return heard.length === 2;
+        },
+        5_000,
+        'the limiter to hear Redis is back',
+        50,
+      );
+      expect((await limiter.check({}))?.allowed).toBe(true);
+    } finally {
+      vi.restoreAllMocks();
+    }
     client.disconnect();
     await own.stop();
   });

@@ -37,6 +37,7 @@ export class StoreGuard {
   /** True while Redis is considered down: requests go to the onStoreError policy without trying Redis. */
   private down = false;
   private probing = false;
+  // On the monotonic clock: a wall clock stepped back (NTP) would otherwise put off every probe by the size of the step.
   private nextProbe = 0;
   private listening = false;
   private fallbackBucket: TokenBucket | undefined;
@@ -52,7 +53,7 @@ export class StoreGuard {
   /** Whether to send this request to Redis. While down, may start a background probe (at most one at a time). */
   usable(): boolean {
     if (!this.down) return true;
-    if (!this.probing && Date.now() >= this.nextProbe) this.probe();
+    if (!this.probing && performance.now() >= this.nextProbe) this.probe();
     return false;
   }
 
@@ -65,7 +66,7 @@ export class StoreGuard {
   failed(error?: unknown): void {
     if (!this.down) {
       this.down = true;
-      this.nextProbe = Date.now() + PROBE_INTERVAL_MS;
+      this.nextProbe = performance.now() + PROBE_INTERVAL_MS;
       this.tell({ state: 'down', error });
     }
     const redis = this.bucket.redis as EventSource | undefined;
@@ -85,7 +86,7 @@ export class StoreGuard {
 
   /** Seconds until the next probe: the Retry-After of a 503 under the 'closed' policy. */
   retryAfter(): number {
-    return Math.max(1, Math.ceil((this.nextProbe - Date.now()) / 1_000));
+    return Math.max(1, Math.ceil((this.nextProbe - performance.now()) / 1_000));
   }
 
   private probe(): void {
@@ -97,7 +98,7 @@ export class StoreGuard {
       },
       () => {
         this.probing = false;
-        this.nextProbe = Date.now() + PROBE_INTERVAL_MS;
+        this.nextProbe = performance.now() + PROBE_INTERVAL_MS;
       },
     );
   }
