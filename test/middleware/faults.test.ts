@@ -5,6 +5,7 @@ import { TokenBucket } from '@hasp/core';
 import { giveBackTakes, RateLimiter, type StoreStateEvent } from '@hasp/core/http';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
+import { keyStem } from '../../packages/core/src/redis/keys.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { until } from '../core/helpers.js';
 import { notReady, ready, trackUnhandled } from '../redlock/support.js';
@@ -210,6 +211,32 @@ describe('rate limiters sharing one client while its Redis is down', () => {
     } finally {
       process.off('warning', onWarning);
     }
+  });
+});
+
+describe('a bucket key that holds something else', () => {
+  it.each(['closed', 'memory'] as const)('fails that key alone (%s): the other keys keep going to Redis, and nobody hears an outage', async (policy) => {
+    const prefix = `hasp:tb:key-fault-${policy}:`;
+    const bucket = new TokenBucket({ capacity: 2, rate: '2/h', redis, prefix });
+    const heard: StoreStateEvent[] = [];
+    const limiter = new RateLimiter(
+      { bucket, key: (a: { key: string }) => a.key, onStoreError: policy, onStoreState: (e) => void heard.push(e) },
+      () => undefined,
+    );
+    // Someone else's data under the bucket's name.
+    await redis.hset(keyStem(prefix, 'bad'), 'f', '1');
+    const bad = await limiter.check({ key: 'bad' }).then(
+      (d) => (d?.allowed ? 'allowed' : 'refused'),
+      (e: { status?: number }) => e.status,
+    );
+    expect(bad).toBe(policy === 'closed' ? 503 : 'allowed');
+    // The others are still decided by Redis: two takes of two, then refused, in every limiter on that Redis.
+    const decided = [];
+    for (let i = 0; i < 3; i++) decided.push((await limiter.check({ key: 'good' }))?.allowed);
+    expect(decided).toEqual([true, true, false]);
+    expect((await bucket.peek('good')).allowed).toBe(false);
+    expect(heard).toEqual([]);
+    expect(await redis.hgetall(keyStem(prefix, 'bad'))).toEqual({ f: '1' });
   });
 });
 

@@ -65,7 +65,9 @@ export interface RateLimitBaseOptions<Arg> {
    * bucket of the same capacity and rate; `'open'` lets requests through unlimited (no RateLimit fields); `'closed'`
    * answers 503 (code `RATE_LIMIT_UNAVAILABLE`, `Retry-After`). After a failure the limiter stops asking Redis, so
    * requests do not each wait out the timeout, and goes back to it as soon as it answers: at the client's `'ready'`
-   * event after a reconnect, or when a probe (every 500 ms while requests come in) succeeds. No restart needed.
+   * event after a reconnect, or when a probe (every 500 ms while requests come in) succeeds. No restart needed. A
+   * bucket key that holds something else (another type, or no number) fails its own requests the same way, without
+   * counting as an outage: the other keys keep going to Redis.
    * @default 'memory'
    */
   onStoreError?: StoreErrorPolicy;
@@ -269,7 +271,9 @@ export class RateLimiter<Arg, H = never> {
     if (!guard.usable()) return this.degraded(guard, key, cost, undefined, home);
     return this.takeFrom(this.bucket, this.store, key, cost, home).then(undefined, (error: unknown) => {
       if (!isStoreError(error)) throw error;
-      guard.failed(error);
+      // A key's own data (another type, or no number, under the bucket's name) fails that key alone: Redis still
+      // answers the others, so only this request follows onStoreError.
+      if (!isKeyFault(error)) guard.failed(error);
       return this.degraded(guard, key, cost, error, home);
     });
   }
@@ -316,6 +320,14 @@ export class RateLimiter<Arg, H = never> {
         return this.failed(home, rateLimitUnavailableError(guard.retryAfter(), cause ?? new Error('rate-limit store is down')));
     }
   }
+}
+
+// The replies of the bucket scripts for a key that holds something else (bucket.lua.ts), kept as the error's cause.
+const KEY_FAULT = /^(?:WRONGTYPE|ERR hasp: a token bucket key)/;
+
+function isKeyFault(error: unknown): boolean {
+  const cause = (error as { cause?: unknown }).cause;
+  return cause instanceof Error && KEY_FAULT.test(cause.message);
 }
 
 function checkBucket(value: unknown): BucketLike {
