@@ -1,6 +1,6 @@
 // The Locker contract (SPEC "Core: locks") as one parameterised suite, run against every locker: MemoryLock, RedisLock,
 // and Redlock once its fixture exists (call lockContract with a factory for it).
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import {
   LockBusyError,
   LockLostError,
@@ -174,6 +174,28 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         await b.extend(10_000);
         expect(await b.release()).toBe(true);
         expect(await other.tryAcquire(key)).not.toBeNull();
+      });
+
+      it('a wall clock stepped an hour either way neither frees a held lock nor ends or stretches its lease', async () => {
+        const key = freshKey('clock-step');
+        const other = fx.newConnectionLocker();
+        const lease = await fx.locker.acquire(key, { ttl: 10_000 });
+        const expiresAt = lease.expiresAt;
+        const wall = Date.now.bind(Date);
+        // NTP, a resumed VM or an operator steps the system clock; lock timing must not follow it.
+        for (const step of [3_600_000, -3_600_000]) {
+          vi.spyOn(Date, 'now').mockImplementation(() => wall() + step);
+          try {
+            expect(await other.tryAcquire(key)).toBeNull();
+            expect(lease.signal.aborted).toBe(false);
+            await lease.extend(10_000);
+            // Extended by the real time that passed, not by the step.
+            expect(Math.abs(lease.expiresAt - expiresAt)).toBeLessThan(5_000);
+          } finally {
+            vi.restoreAllMocks();
+          }
+        }
+        expect(await lease.release()).toBe(true);
       });
 
       it('a lease deleted in the store fails to extend with LockLostError and aborts its signal', async () => {

@@ -51,7 +51,8 @@ export interface Lease {
   /**
    * Epoch ms until which the lease is surely held; conservative (round trip and clock drift taken off). It moves later
    * when the lease is extended, and when Redis records a hand-over within the process that let this lease in (see
-   * "Hand-offs within a process" in the core README).
+   * "Hand-offs within a process" in the core README). Counted on the monotonic clock, which does not follow steps of
+   * the system clock: it agrees with `Date.now()` unless the system clock was stepped since hasp was loaded.
    */
   readonly expiresAt: number;
   /**
@@ -184,7 +185,8 @@ export interface MemoryLockOptions extends LockerOptions {
    * lease's `expiresAt`; a lease's `signal` aborts on expiry by a real timer, or when it is read after the clock has
    * passed `expiresAt`: after moving the clock, read `lease.signal` (or call `extend()`, which then rejects) rather
    * than waiting for an abort event.
-   * @default Date.now
+   * @default epoch ms on the monotonic clock (`Date.now()` when hasp was loaded, plus `performance.now()` since): a
+   *   stepped system clock neither frees held locks nor stretches leases
    */
   clock?: () => number;
 }

@@ -1,6 +1,7 @@
 // MemoryLock: the Locker for one process, with no Redis; the zero-setup default of the middleware.
 import { checkPrefix } from '../redis/keys.js';
 import type { MemoryLockOptions } from '../types.js';
+import { monotonicNow } from '../util/clock.js';
 import * as v from '../util/validate.js';
 import { BaseLocker, resolveLockerOptions } from './locker.js';
 import { MemoryLockStore } from './memory-store.js';
@@ -29,7 +30,7 @@ export class MemoryLock extends BaseLocker {
     v.knownKeys('MemoryLock', o, OPTIONS);
     // Checked as the Redis lockers check it, so code that moves to Redis meets no new error there.
     if (o.prefix !== undefined) checkPrefix(v.string('prefix', o.prefix));
-    const clock = o.clock === undefined ? Date.now : v.func<() => number>('clock', o.clock);
+    const clock = o.clock === undefined ? monotonicNow : v.func<() => number>('clock', o.clock);
     super(new MemoryLockStore(clock), resolveLockerOptions(o));
   }
 }

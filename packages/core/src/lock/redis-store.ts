@@ -5,6 +5,7 @@ import { encodeKey, keyStem } from '../redis/keys.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
+import { monotonicNow } from '../util/clock.js';
 import { ACQUIRE, EXTEND, LEAVE, RELEASE, TRANSFER } from './scripts.lua.js';
 import type { AttemptResult, Grant, LockStore, Releasing } from './store.js';
 
@@ -176,7 +177,7 @@ export class RedisLockStore implements LockStore {
   }
 
   now(): number {
-    return Date.now();
+    return monotonicNow();
   }
 
   close(): void {

@@ -12,6 +12,7 @@ import { bounded, boundedAll, type Outcome } from '../redis/call.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
+import { monotonicNow } from '../util/clock.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
 import { ACQUIRE, EXTEND, LEAVE, RAISE_FENCE, RELEASE, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
@@ -210,7 +211,7 @@ export class RedlockStore implements LockStore {
   }
 
   now(): number {
-    return Date.now();
+    return monotonicNow();
   }
 
   close(): void {
@@ -230,10 +231,11 @@ export class RedlockStore implements LockStore {
     const total = this.clients.length;
     const timeout = this.nodeTimeout(ttl, n.lock);
     const token = randomToken();
-    const started = Date.now();
-    // The clock in µs, but never a floor this store used before: a node whose stored fence is not below the floor
-    // takes a slower path (one more fence write), and the ms clock alone would repeat within a millisecond.
-    this.lastFloor = Math.max(started * 1_000, this.lastFloor + 1);
+    const started = monotonicNow();
+    // The wall clock in µs (other processes' floors are compared with it), but never a floor this store used before: a
+    // node whose stored fence is not below the floor takes a slower path (one more fence write), and the ms clock alone
+    // would repeat within a millisecond.
+    this.lastFloor = Math.max(Date.now() * 1_000, this.lastFloor + 1);
     const floor = String(this.lastFloor);
 
     // Replies that land after the decision wait here until the verdict (which lease, if any, to keep) is known.
@@ -279,7 +281,7 @@ export class RedlockStore implements LockStore {
         won.map((g) => g.ttl),
         q,
       );
-      const elapsed = Date.now() - started;
+      const elapsed = monotonicNow() - started;
       if (!recorded) {
         result = new LockUnavailableError(`lock acquire failed: could not record the fence on ${q} of ${total} nodes`);
       } else if (validity - elapsed - this.drift(ttl) <= 0) {
@@ -521,7 +523,7 @@ function majorityToken(grants: readonly ({ token: string } | undefined)[]): stri
 }
 
 function elapsedSince(started: number): number {
-  return Date.now() - started;
+  return monotonicNow() - started;
 }
 
 function delay(ms: number): Promise<void> {

@@ -1,0 +1,16 @@
+// The clock lock timing runs on: epoch ms that never jump. A lease's expiry, the Redlock validity (ttl − elapsed −
+// drift) and MemoryLock's own bookkeeping must not move when the system clock is stepped (NTP, a VM resumed, an
+// operator's `date`): a step forward would free every in-memory lock under its holder, a step back would let a holder
+// believe in a lease that Redis has already expired. What other processes compare (a Redlock waiter's place, a fence
+// floor) stays on the wall clock.
+
+// Read once: from here on the monotonic clock counts. (Date.now() is whole ms, so this is at most 1 ms behind.)
+const origin = Date.now() - performance.now();
+
+/**
+ * Epoch ms on the monotonic clock, whole like `Date.now()`: equal to it, or behind by less than a ms, until the system
+ * clock is stepped (or slewed: by ppm, over hours).
+ */
+export function monotonicNow(): number {
+  return Math.floor(origin + performance.now());
+}
