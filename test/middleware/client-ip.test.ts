@@ -22,6 +22,10 @@ describe('clientIpKey', () => {
     ['fe80::1%eth0', 'fe80:0:0:0::/64'],
     ['[2001:db8:1:2::7]', '2001:db8:1:2::/64'],
     ['64:ff9b::192.0.2.33', '64:ff9b:0:0::/64'],
+    // A port, as some proxies forward it in X-Forwarded-For: the client, not the connection.
+    ['203.0.113.9:51234', '203.0.113.9'],
+    ['[2001:db8:1:2::7]:443', '2001:db8:1:2::/64'],
+    ['[::ffff:203.0.113.9]:8080', '203.0.113.9'],
   ])('keys %s as %s', (ip, key) => {
     expect(clientIpKey(ip)).toBe(key);
   });

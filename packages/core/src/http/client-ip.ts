@@ -8,7 +8,8 @@ export const UNKNOWN_CLIENT = 'unknown';
  * The rate-limit key for a client address: IPv4 unchanged; `::ffff:a.b.c.d` (and its hex spelling) as `a.b.c.d`;
  * other IPv6 addresses as their /64 prefix, e.g. `2001:db8:1:2::/64`; a missing address as `'unknown'`, so
  * requests whose address cannot be read share one bucket instead of escaping the limit. Strings that are not IP
- * addresses (a proxy header's garbage, with `trust proxy` on) are returned as given.
+ * addresses (a proxy header's garbage, with `trust proxy` on) are returned as given. A port after the address
+ * (`a.b.c.d:port`, `[v6]:port`, as some proxies forward it) is dropped.
  */
 export function clientIpKey(ip: string | undefined | null): string {
   if (typeof ip !== 'string' || ip.length === 0) return UNKNOWN_CLIENT;
@@ -26,6 +27,12 @@ export function clientIpKey(ip: string | undefined | null): string {
       return ip;
     }
   }
+  // Some proxies (Azure's among them) forward the client's port too, `a.b.c.d:port` or `[v6]:port`: keyed as given,
+  // every connection of a client would have a bucket of its own.
+  const v4 = IPV4_PORT.exec(ip);
+  if (v4) return v4[1]!;
+  const v6 = IPV6_PORT.exec(ip);
+  if (v6) return clientIpKey(v6[1]);
   const groups = parseIPv6(ip);
   if (groups === undefined) return ip;
   if (groups[0] === 0 && groups[1] === 0 && groups[2] === 0 && groups[3] === 0 && groups[4] === 0 && groups[5] === 0xffff) {
@@ -38,6 +45,8 @@ export function clientIpKey(ip: string | undefined | null): string {
 
 const HEX_GROUP = /^[0-9a-f]{1,4}$/i;
 const IPV4 = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/;
+const IPV4_PORT = /^(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}):\d{1,5}$/;
+const IPV6_PORT = /^\[([^\]]+)\]:\d{1,5}$/;
 
 /** The eight 16-bit groups of an IPv6 address (zone id dropped, embedded IPv4 allowed), or undefined when invalid. */
 export function parseIPv6(input: string): number[] | undefined {
