@@ -11,6 +11,7 @@
 // Lists: a route behind two limiters gets one member per policy, in middleware order. They are sent on every response
 // of a limited route (allowed, denied, and errors thrown further down the chain), not for requests whose key is
 // undefined or that passed unlimited under onStoreError 'open'. The policy name is an sf-string: printable ASCII only.
+import { gcraParams } from '../rate-limit/gcra.js';
 import type { Decision } from '../types.js';
 import { describe } from '../util/validate.js';
 
@@ -90,7 +91,7 @@ export class RateLimitFields {
     this.window = Math.max(1, sfInteger(Math.ceil(capacity / rate)));
     this.policy = `${sfName};q=${this.quota};w=${this.window}`;
     this.itemPrefix = `${sfName};r=`;
-    this.tokenMs = Math.max(1, Math.ceil(1_000_000 / rate)) / 1_000;
+    this.tokenMs = gcraParams(capacity, rate).interval / 1_000;
   }
 
   /** `t`: whole seconds until the bucket holds one more whole token, rounded up; 0 when it is full. */
