@@ -131,6 +131,32 @@ describe('RedisLock when Redis fails', () => {
     );
   });
 
+  it('hands back the hold of a same-owner (nested) acquire that lands late, so the outer release frees the key', async () => {
+    const prefix = uniquePrefix('late-nested');
+    const { redis, locks } = locker({ timeout: 300, prefix });
+    const other = locker({ prefix }).locks;
+    const outer = await locks.acquire('late-nested', { owner: 'job', ttl: 30_000 });
+    expect(await redis.ping()).toBe('PONG');
+    node.pause();
+    expectUnavailable(await within(rejection(locks.tryAcquire('late-nested', { owner: 'job', ttl: 30_000 })), 3_000, 'the nested tryAcquire'));
+    node.resume();
+    // The nested acquire runs when the server thaws, adding a hold nobody has. A PING on the same connection is answered
+    // after it: by then its late reply is in.
+    expect(await redis.ping()).toBe('PONG');
+    // The outer lease's release must still leave the key free (not held by nobody until its 30 s ttl).
+    expect(await outer.release()).toBe(true);
+    await until(
+      async () => {
+        const lease = await other.tryAcquire('late-nested');
+        if (lease) await lease.release();
+        return lease !== null;
+      },
+      2_000,
+      'the key to be free once the late nested hold is handed back',
+      20,
+    );
+  });
+
   it('fails within the default 2 s timeout on a frozen server, well before ioredis gives up', async () => {
     const { redis, locks } = locker();
     expect(await redis.ping()).toBe('PONG');

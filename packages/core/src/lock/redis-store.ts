@@ -100,10 +100,11 @@ export class RedisLockStore implements LockStore {
           [n.lock, n.fence, n.queue, n.deadlines],
           [token, ttl, ownerName(owner), '', queue ? '1' : '0'],
         ),
-      // An acquire that lands after we gave up would hold the key until its ttl: hand it back.
+      // An acquire that lands after we gave up would hold the key until its ttl: hand it back. A same-owner grant
+      // answers with the holder's token and added a hold to it: releasing that token drops just that hold.
       (late) => {
         const r = parseAttempt(late);
-        if (r.ok && r.token === token) this.releaseScript(n, token).catch(() => undefined);
+        if (r.ok) this.releaseScript(n, r.token).catch(() => undefined);
       },
       queue
         ? (reply) => {
