@@ -259,6 +259,35 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
       });
     });
 
+    describe('reentry from the line', () => {
+      it('takes a waiter let in by reentry out of the line, so the waiter behind it gets the freed lock at once', async () => {
+        const key = freshKey('reentry-line');
+        const x = await fx.locker.acquire(key, { owner: 'x', ttl: 30_000 });
+        const [l1, l2, l3] = [fx.newConnectionLocker(), fx.newConnectionLocker(), fx.newConnectionLocker()];
+        // Two waiters of one owner queue, then one without an owner behind them.
+        const w1 = l1.acquire(key, { owner: 'o', wait: 10_000, ttl: 30_000 });
+        await until(async () => (await fx.waiting(key)) >= 1, 5_000, 'the first waiter to queue');
+        const w2 = l2.acquire(key, { owner: 'o', wait: 10_000, ttl: 30_000 });
+        await until(async () => (await fx.waiting(key)) >= 2, 5_000, 'the second waiter to queue');
+        const z = l3.acquire(key, { wait: 10_000, ttl: 30_000 });
+        z.catch(() => undefined); // asserted below
+        await until(async () => (await fx.waiting(key)) >= 3, 5_000, 'the last waiter to queue');
+        expect(await x.release()).toBe(true);
+        // The first gets the lock; the second, of the same owner, gets in by reentry at its next attempt.
+        const first = await within(w1, 5_000, 'the first waiter');
+        const second = await within(w2, 5_000, 'the second waiter, by reentry');
+        expect(second.token).toBe(first.token);
+        expect(await first.release()).toBe(true);
+        const freedAt = performance.now();
+        expect(await second.release()).toBe(true);
+        // Left in the line, the second waiter's place would come first now and hold the last one up for its poll and
+        // the grace after it (about 2 s).
+        const last = await within(z, 10_000, 'the last waiter');
+        expect(performance.now() - freedAt).toBeLessThan(1_000);
+        expect(await last.release()).toBe(true);
+      });
+    });
+
     describe('abort signals', () => {
       it('aborting while waiting rejects with the signal’s reason, and the waiter leaves the line', async () => {
         const key = freshKey('abort');

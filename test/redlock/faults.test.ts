@@ -256,6 +256,26 @@ describe('Redlock nodes restarted empty', () => {
     await releaseAndTakeOver(lease, other.locker, prefix);
   });
 
+  it('keeps putting the lock back for a lease whose nested lease (same owner) was released', async () => {
+    const prefix = freshPrefix('restore-nested');
+    const { locker } = redlock({ prefix });
+    const outer = await locker.acquire('k', { ttl: 10_000, owner: 'job' });
+    const inner = await locker.acquire('k', { ttl: 10_000, owner: 'job' });
+    // One hold dropped; the lock is still the outer lease's, and so is the care for it.
+    expect(await inner.release()).toBe(true);
+    await onEveryNode(prefix, 'k');
+    const name = lockNames(prefix, 'k').lock;
+    for (const i of [0, 1, 2]) {
+      await nodes.admins[i]!.del(name);
+      // Without the lock put back, the third loss leaves it on two nodes: that extension finds it lost.
+      await outer.extend();
+      await until(async () => (await nodes.lockOn(i, prefix, 'k')) !== null, 2_000, `the lock back on node ${i}`);
+    }
+    expect(outer.signal.aborted).toBe(false);
+    expect(await outer.release()).toBe(true);
+    await noLockLeft(prefix, 'k', 'the lock to be gone');
+  });
+
   it('leaves a node alone where someone else holds the key, and counts only the nodes that kept the lock', async () => {
     const { prefix, name, lease } = await heldOnEveryNode('restore-taken');
     // Node 4 lost the lock, and a stray grant of someone else took the key there before the lease extended.

@@ -13,6 +13,14 @@ export class LeaseReleasedError extends Error {
   }
 }
 
+/** A lease's link to the other leases of its locker under the same token. */
+export interface LeaseTies {
+  /** This lease has ended (released or lost): called once. */
+  ended(): void;
+  /** Whether another lease of the locker under this token has not ended. */
+  shared(): boolean;
+}
+
 export class LeaseImpl implements Lease {
   // The AbortController is made on first access of `signal` (most leases are released without anyone looking at it):
   // until then `ended` and `endReason` stand for its state, and the getter hands out a signal already aborted with the
@@ -37,6 +45,8 @@ export class LeaseImpl implements Lease {
     private readonly report: (event: LockErrorEvent) => void,
     /** Its reentrancy owner; '' (none) makes it its lock's only hold, so a release frees the lock (or lets a waiter in). */
     readonly owner: string,
+    /** How the leases of one locker that share a token (nested leases) keep count of each other. */
+    private readonly ties?: LeaseTies,
   ) {
     this.expiry = expiresAt;
     this.armExpiry();
@@ -82,7 +92,7 @@ export class LeaseImpl implements Lease {
       // An extension racing the release must not report a false loss or re-extend a freed lock: let it settle first.
       if (this.inflightExtend) await this.inflightExtend.catch(() => undefined);
       const from = live && this.store.now() < this.expiry ? { fence: this.fence, expiresAt: this.expiry } : undefined;
-      const held = await this.store.release(this.key, this.token, from);
+      const held = await this.store.release(this.key, this.token, from, this.ties?.shared() ?? false);
       this.released = true;
       return held;
     })();
@@ -152,6 +162,7 @@ export class LeaseImpl implements Lease {
 
   /** Aborts the signal (now if it exists, else when it is first asked for) with the reason `reason` makes. */
   private end(reason: () => unknown): void {
+    this.ties?.ended();
     this.ended = true;
     this.endReason = reason;
     this.controller?.abort(reason());

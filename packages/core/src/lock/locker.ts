@@ -4,7 +4,7 @@ import { HaspError, LockBusyError, LockLostError, LockUnavailableError } from '.
 import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import * as v from '../util/validate.js';
-import { LeaseImpl } from './lease.js';
+import { LeaseImpl, type LeaseTies } from './lease.js';
 import type { AttemptResult, Grant, LockStore } from './store.js';
 
 /** Locker defaults from the contract. */
@@ -50,6 +50,8 @@ export abstract class BaseLocker implements Locker {
   protected readonly defaults: ResolvedLockerOptions;
   // Keys this locker waited on lately, with when.
   private readonly recentWaits = new Map<string, number>();
+  // Leases handed out and not ended yet, by token (more than one: nested leases of one owner).
+  private readonly liveLeases = new Map<string, number>();
 
   protected constructor(
     protected readonly store: LockStore,
@@ -118,6 +120,8 @@ export abstract class BaseLocker implements Locker {
     // Waiters queue for the lock (fair hand-off); whoever leaves without it must leave the line too.
     const queue = o.wait > 0;
     let acquired = false;
+    // Let in by reentry (a lease of our owner holds the key): granted under that lease's token, not ours.
+    let reentered = false;
     let storeFailed = false;
     // A lock a release in this process handed straight to us (see LockStore.waitHere), and how to stop waiting there.
     let handed: { grant: Grant; since: number } | undefined;
@@ -161,6 +165,7 @@ export abstract class BaseLocker implements Locker {
         if (result === HANDED) continue;
         if (result.ok) {
           acquired = true;
+          reentered = result.token !== token;
           return this.lease(key, result, started, o);
         }
         if (handed !== undefined) continue;
@@ -224,6 +229,11 @@ export abstract class BaseLocker implements Locker {
         // cached the script yet (NOSCRIPT, then EVAL) comes after whatever the caller sends next. When the store
         // itself just failed, the leave would only add its own timeout to the error.
         if (!storeFailed) await leaving;
+      } else if (queue && reentered) {
+        // A waiter let in by reentry is still in the line under its own token (the grant did not take it out): left
+        // there, it would be first once the lock is free, and hold up the next waiter until its place lapses. Sent now,
+        // so it goes out ahead of this lease's release; nobody needs to wait for it.
+        this.store.leave(key, token).catch(() => undefined);
       }
     }
   }
@@ -246,7 +256,19 @@ export abstract class BaseLocker implements Locker {
 
   private lease(key: string, result: Grant, started: number, o: CallOptions): LeaseImpl {
     const expiresAt = result.expiresAt ?? started + result.ttl - this.store.drift(result.ttl);
-    const lease = new LeaseImpl(this.store, key, result.token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner);
+    const token = result.token;
+    // Leases of one owner nest under one token: counted while they have not ended, so that the store knows whether a
+    // release leaves the lock to another of them.
+    this.liveLeases.set(token, (this.liveLeases.get(token) ?? 0) + 1);
+    const ties: LeaseTies = {
+      ended: () => {
+        const left = this.liveLeases.get(token)! - 1;
+        if (left > 0) this.liveLeases.set(token, left);
+        else this.liveLeases.delete(token);
+      },
+      shared: () => this.liveLeases.has(token),
+    };
+    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties);
     // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
     result.confirmation?.then((at) => {
       if (at === null) lease.lose(new LockLostError(key, 'the lock could not be handed over to this lease: the releasing lease had ended'));

@@ -150,18 +150,22 @@ export class RedlockStore implements LockStore {
     throw this.unavailable('extend', outcomes);
   }
 
-  async release(key: string, token: string): Promise<boolean> {
-    this.live.get(token)?.();
-    makeRoom(this.released, RELEASED_MAX);
-    this.released.add(token);
+  async release(key: string, token: string, _from?: unknown, shared = false): Promise<boolean> {
+    // A nested lease's release drops one hold: the lease it shares the token with still holds, and still needs its late
+    // grants kept, its lock put back where a node lost it, and its place in line for its own release.
+    if (!shared) {
+      this.live.get(token)?.();
+      makeRoom(this.released, RELEASED_MAX);
+      this.released.add(token);
+    }
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     // Release goes to every node, including those that never answered the acquire, and settles once the answer is
     // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
     // Only a lease that kept a place in line sends the line's names; otherwise a node that freed the lock with waiters
     // refused meanwhile answers 2, and gets a WAKE (see RELEASE).
-    const name = this.queued.get(token);
-    this.queued.delete(token);
+    const name = shared ? undefined : this.queued.get(token);
+    if (!shared) this.queued.delete(token);
     const keys = name === undefined ? [n.lock] : [n.lock, n.queue, n.deadlines];
     const args = name === undefined ? [token] : [token, '', 0, '', name];
     const outcomes = await boundedAll(

@@ -65,9 +65,10 @@ export interface LockStore {
   extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null>;
   /**
    * Drops one hold of `token` (the lock is freed at zero holds); whether `token` held the lock. `from` is given when the
-   * lease has not ended and has no owner (so it is the lock's only hold).
+   * lease has not ended and has no owner (so it is the lock's only hold). `shared` is true when other leases of this
+   * store's locker still hold under `token` (nested leases of one owner): the lock stays theirs.
    */
-  release(key: string, token: string, from?: Releasing): Promise<boolean>;
+  release(key: string, token: string, from?: Releasing, shared?: boolean): Promise<boolean>;
   /**
    * Calls `wake` when `key` may have been freed, with the token of the waiter it was handed to ('' when anyone may try). Resolves once listening is active; rejects if it cannot be set up,
    * in which case the waiter polls.
