@@ -157,6 +157,35 @@ describe('RedisLock when Redis fails', () => {
     );
   });
 
+  it('rejects an extension confirmed after the lease ended, and hands the lock back', async () => {
+    const prefix = uniquePrefix('extend-late');
+    const { locks } = locker({ prefix, timeout: 2_000 });
+    const lost: string[] = [];
+    const lease = await locker({ prefix, onError: (e) => void lost.push(e.operation) }).locks.acquire('k', { ttl: 600 });
+    // Frozen just before the lease's end, so the extension is still on its way when the lease ends by our clock.
+    await new Promise((resolve) => setTimeout(resolve, Math.max(0, lease.expiresAt - Date.now() - 80)));
+    node.pause();
+    const extension = rejection(lease.extend(10_000));
+    try {
+      expect(await abortReason(lease.signal, 2_000, 'the lease to end')).toBeInstanceOf(LockLostError);
+    } finally {
+      node.resume();
+    }
+    // Redis does extend the key by 10 s when it thaws; the holder was told the lease is lost, so that serves nobody.
+    expect(await extension).toBeInstanceOf(LockLostError);
+    expect(lost).toContain('lost');
+    await until(
+      async () => {
+        const other = await locks.tryAcquire('k');
+        if (other) await other.release();
+        return other !== null;
+      },
+      2_000,
+      'the lock to be handed back',
+      20,
+    );
+  });
+
   it('fails within the default 2 s timeout on a frozen server, well before ioredis gives up', async () => {
     const { redis, locks } = locker();
     expect(await redis.ping()).toBe('PONG');

@@ -65,7 +65,8 @@ export interface Lease {
    * Keeps the lock for at least `ttl` more ms (never shortens it).
    * @param ttl - defaults to the ttl the lease was acquired with
    * @throws {@link LockLostError} when the lease is no longer held, or its `expiresAt` has passed (even if Redis still
-   *   holds the lock: the lease has ended for its holder); {@link LockUnavailableError} when the store cannot answer
+   *   holds the lock: the lease has ended for its holder), also when that happens while the extension is on its way
+   *   (the lock is then released); {@link LockUnavailableError} when the store cannot answer
    */
   extend(ttl?: number): Promise<void>;
   /**

@@ -155,7 +155,14 @@ export class LeaseImpl implements Lease {
       this.lose(error);
       throw error;
     }
-    if (this.ended) return;
+    if (this.ended) {
+      // A release meanwhile ended it: this extension counted, and the release that waited for it frees the lock.
+      if (this.releasing !== undefined || this.released) return;
+      // It reached its end while the extension was on its way, and its holder has been told it is lost: Redis's new
+      // ttl serves nobody, so hand the lock back rather than leave the key held for it.
+      this.release().catch(() => undefined);
+      throw new LockLostError(this.key, `lease on "${this.key}" ended before its extension was confirmed`);
+    }
     this.expiry = Math.max(this.expiry, started + left - this.store.drift(left));
     this.armExpiry();
   }
