@@ -344,12 +344,14 @@ describe('Redis calls', () => {
     expect(second.fence).toBeGreaterThan(first.fence);
     expect(await second.release()).toBe(true);
     expect(await commandStats('evalsha')).toEqual({ calls: 2, failed: 0 });
-    // The server forgets the scripts on the same connection: EVALSHA fails with NOSCRIPT once, then EVAL.
+    // The server forgets the scripts on the same connection: EVALSHA fails with NOSCRIPT once, then EVAL; and every
+    // other script's next call goes as EVAL at once (the release), without a NOSCRIPT of its own.
     await admin.script('FLUSH');
     const third = await locks.acquire('a');
     expect(third.fence).toBeGreaterThan(second.fence);
     expect(await third.release()).toBe(true);
     expect(await commandStats('eval')).toMatchObject({ calls: 4 });
+    expect(await commandStats('evalsha')).toEqual({ calls: 3, failed: 1 });
     locks.close();
     client.disconnect();
   });
