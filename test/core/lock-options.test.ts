@@ -37,7 +37,11 @@ const SHARED: [string, unknown[]][] = [
   // moving to Redis meets no new error).
   ['prefix', [...NOT_STRINGS, 'app{x}:', '{a}']],
 ];
-const REDIS_ONLY: [string, unknown[]][] = [['timeout', BAD_POSITIVE_MS]];
+// A lease no longer than the clock-drift allowance (1 % + 2 ms) would end as it began.
+const REDIS_ONLY: [string, unknown[]][] = [
+  ['timeout', BAD_POSITIVE_MS],
+  ['ttl', [1, 2]],
+];
 const REDLOCK_ONLY: [string, unknown[]][] = [
   ['driftFactor', [-0.01, 1, 1.5, NaN, Infinity, ...NOT_NUMBERS]],
   ['quorum', [0, 1, 2, 6, 3.5, NaN, Infinity, ...NOT_NUMBERS]], // 5 nodes: a majority (3) to 5
@@ -83,10 +87,11 @@ describe('locker clients', () => {
   });
 });
 
-const lockers: [string, () => Locker][] = [
-  ['MemoryLock', () => new MemoryLock()],
-  ['RedisLock', () => new RedisLock(client())],
-  ['Redlock', () => new Redlock(five())],
+const lockers: [string, () => Locker, number[]][] = [
+  ['MemoryLock', () => new MemoryLock(), []],
+  // No longer than the clock-drift allowance: the lease would end as it began.
+  ['RedisLock', () => new RedisLock(client()), [1, 2]],
+  ['Redlock', () => new Redlock(five()), [1, 2]],
 ];
 
 /** Per-call options with their bad values. */
@@ -97,10 +102,10 @@ const CALL: [string, unknown[]][] = [
   ['signal', [5, 'abort', true, {}, { aborted: false }, new AbortController()]],
 ];
 
-describe.each(lockers)('%s calls', (_name, make) => {
+describe.each(lockers)('%s calls', (_name, make, tooShort) => {
   it.each(CALL)('acquire, tryAcquire and using reject every bad %s at once, naming it', async (option, bad) => {
     const locks = make();
-    for (const value of bad) {
+    for (const value of option === 'ttl' ? [...bad, ...tooShort] : bad) {
       const options = { [option]: value } as never;
       await expectInvalid(() => locks.acquire('k', options), option);
       await expectInvalid(() => locks.tryAcquire('k', options), option);

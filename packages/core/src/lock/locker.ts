@@ -45,6 +45,15 @@ interface CallOptions {
   signal: AbortSignal | undefined;
 }
 
+/** `ttl`, if a lease of that length would outlast the clock-drift allowance; a RangeError naming `ttl` otherwise. */
+function usableTtl(store: LockStore, ttl: number): number {
+  const drift = store.drift(ttl);
+  if (ttl <= drift) {
+    throw new RangeError(`ttl must be longer than the ${drift} ms allowed for clock drift (a lease would end as it began), got ${ttl}`);
+  }
+  return ttl;
+}
+
 /** Shared Locker implementation over a {@link LockStore}. */
 export abstract class BaseLocker implements Locker {
   protected readonly defaults: ResolvedLockerOptions;
@@ -58,6 +67,7 @@ export abstract class BaseLocker implements Locker {
     defaults: ResolvedLockerOptions,
   ) {
     this.defaults = defaults;
+    usableTtl(store, defaults.ttl);
   }
 
   async acquire(key: string, options?: AcquireOptions): Promise<Lease> {
@@ -100,7 +110,7 @@ export abstract class BaseLocker implements Locker {
     v.key(key);
     const o = v.definedOnly(options);
     return {
-      ttl: o.ttl === undefined ? this.defaults.ttl : v.duration('ttl', o.ttl),
+      ttl: o.ttl === undefined ? this.defaults.ttl : usableTtl(this.store, v.duration('ttl', o.ttl)),
       wait: o.wait === undefined ? this.defaults.wait : v.duration('wait', o.wait, true),
       owner: o.owner === undefined ? '' : v.string('owner', o.owner, false),
       signal: o.signal === undefined ? undefined : v.signal('signal', o.signal),
