@@ -198,6 +198,26 @@ describe('Redlock waiting line', () => {
     await next.release();
   });
 
+  it('keeps a waiter that got in by its place in the line until its release, which takes it out', async () => {
+    const prefix = freshPrefix('kept');
+    const key = 'k';
+    const a = redlock(prefix);
+    const m = nodes.redlock({ prefix });
+    made.push(m);
+    const held = await a.acquire(key, { ttl: 30_000 });
+    await heldEverywhere(prefix, key);
+    const waiter = m.locker.acquire(key, { ttl: 10_000, wait: 10_000 });
+    await inLineEverywhere(prefix, key, 1);
+    await held.release();
+    const next = await within(waiter, 2_000, 'the waiter');
+    // Anything the waiter's locker sent on getting in (a LEAVE, say) has run once these pings are answered.
+    await Promise.all(m.clients.map((c) => c.ping()));
+    const lines = await Promise.all([0, 1, 2, 3, 4].map((i) => lineLength(i, prefix, key)));
+    expect(lines.filter((len) => len === 1).length).toBeGreaterThanOrEqual(3);
+    await next.release();
+    await inLineEverywhere(prefix, key, 0);
+  });
+
   it('wakes the first waiter by message when a lease that never queued is released', async () => {
     // Taken at once, so its release does not send the line's names: each node that frees the lock with a waiter
     // refused meanwhile says so, and is sent WAKE, which publishes the first waiter's name.

@@ -175,7 +175,7 @@ export abstract class BaseLocker implements Locker {
         if (result === HANDED) continue;
         if (result.ok) {
           acquired = true;
-          reentered = result.token !== token;
+          reentered = result.nested === true;
           return this.lease(key, result, started, o);
         }
         if (handed !== undefined) continue;
@@ -267,10 +267,20 @@ export abstract class BaseLocker implements Locker {
   private lease(key: string, result: Grant, started: number, o: CallOptions): LeaseImpl {
     const expiresAt = result.expiresAt ?? started + result.ttl - this.store.drift(result.ttl);
     const token = result.token;
-    // Leases of one owner nest under one token: counted while they have not ended, so that the store knows whether a
-    // release leaves the lock to another of them.
+    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, o.owner === '' ? undefined : this.tie(token));
+    // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
+    result.confirmation?.then((at) => {
+      if (at === null) lease.lose(new LockLostError(key, 'the lock could not be handed over to this lease: the releasing lease had ended'));
+      else lease.confirm(at);
+    });
+    return lease;
+  }
+
+  // Leases of one owner nest under one token (a lease without an owner is always its lock's only hold): counted while
+  // they have not ended, so that the store knows whether a release leaves the lock to another of them.
+  private tie(token: string): LeaseTies {
     this.liveLeases.set(token, (this.liveLeases.get(token) ?? 0) + 1);
-    const ties: LeaseTies = {
+    return {
       ended: () => {
         const left = this.liveLeases.get(token)! - 1;
         if (left > 0) this.liveLeases.set(token, left);
@@ -278,13 +288,6 @@ export abstract class BaseLocker implements Locker {
       },
       shared: () => this.liveLeases.has(token),
     };
-    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties);
-    // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
-    result.confirmation?.then((at) => {
-      if (at === null) lease.lose(new LockLostError(key, 'the lock could not be handed over to this lease: the releasing lease had ended'));
-      else lease.confirm(at);
-    });
-    return lease;
   }
 
   private reportError(event: LockErrorEvent): void {

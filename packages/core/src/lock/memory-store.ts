@@ -30,7 +30,8 @@ export class MemoryLockStore implements LockStore {
       if ((owner !== '' && cur.owner === owner) || cur.token === token) {
         if (cur.token !== token) cur.holds++;
         cur.expiresAt = Math.max(cur.expiresAt, now + ttl);
-        return Promise.resolve({ ok: true, token: cur.token, fence: cur.fence, ttl: cur.expiresAt - now });
+        const grant = { ok: true, token: cur.token, fence: cur.fence, ttl: cur.expiresAt - now } as const;
+        return Promise.resolve(cur.token === token ? grant : { ...grant, nested: true });
       }
       if (queue) this.join(key, token, now);
       return Promise.resolve({ ok: false, pttl: cur.expiresAt - now });

@@ -110,6 +110,7 @@ export class RedisLockStore implements LockStore {
         ? (reply) => {
             const r = parseAttempt(reply);
             if (!r.ok) this.noteAhead(key, token, r.ahead);
+            else if (r.token !== token) return { ...r, nested: true };
             return r;
           }
         : parseAttempt,

@@ -291,7 +291,7 @@ export class RedlockStore implements LockStore {
       } else if (validity - elapsed - this.drift(ttl) <= 0) {
         result = new LockUnavailableError(`lock acquire took ${elapsed} ms, longer than the ttl allows`);
       } else {
-        result = { ok: true, token: lockToken, fence, ttl: validity };
+        result = lockToken === token ? { ok: true, token, fence, ttl: validity } : { ok: true, token: lockToken, fence, ttl: validity, nested: true };
       }
     } else {
       const busy = outcomes
