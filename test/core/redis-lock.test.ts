@@ -19,6 +19,20 @@ afterAll(async () => {
   await stopAll();
 });
 
+/** Waits until `locks` can take `key` (and gives it back at once): whatever held it has let go. */
+function takenOnceFree(locks: RedisLock, key: string, what: string): Promise<void> {
+  return until(
+    async () => {
+      const lease = await locks.tryAcquire(key);
+      if (lease) await lease.release();
+      return lease !== null;
+    },
+    2_000,
+    what,
+    20,
+  );
+}
+
 /** Asserts a LockUnavailableError that keeps its cause. */
 function expectUnavailable(error: unknown): void {
   expect(error).toBeInstanceOf(LockUnavailableError);
@@ -119,16 +133,7 @@ describe('RedisLock when Redis fails', () => {
     node.resume();
     // The acquire queued in the frozen server is granted when it thaws; the locker releases it instead of leaving
     // the key held for its 30 s ttl.
-    await until(
-      async () => {
-        const lease = await locks.tryAcquire('late');
-        if (lease) await lease.release();
-        return lease !== null;
-      },
-      2_000,
-      'the late acquire to be handed back',
-      20,
-    );
+    await takenOnceFree(locks, 'late', 'the late acquire to be handed back');
   });
 
   it('hands back the hold of a same-owner (nested) acquire that lands late, so the outer release frees the key', async () => {
@@ -145,16 +150,7 @@ describe('RedisLock when Redis fails', () => {
     expect(await redis.ping()).toBe('PONG');
     // The outer lease's release must still leave the key free (not held by nobody until its 30 s ttl).
     expect(await outer.release()).toBe(true);
-    await until(
-      async () => {
-        const lease = await other.tryAcquire('late-nested');
-        if (lease) await lease.release();
-        return lease !== null;
-      },
-      2_000,
-      'the key to be free once the late nested hold is handed back',
-      20,
-    );
+    await takenOnceFree(other, 'late-nested', 'the key to be free once the late nested hold is handed back');
   });
 
   it('rejects an extension confirmed after the lease ended, and hands the lock back', async () => {
@@ -174,16 +170,7 @@ describe('RedisLock when Redis fails', () => {
     // Redis does extend the key by 10 s when it thaws; the holder was told the lease is lost, so that serves nobody.
     expect(await extension).toBeInstanceOf(LockLostError);
     expect(lost).toContain('lost');
-    await until(
-      async () => {
-        const other = await locks.tryAcquire('k');
-        if (other) await other.release();
-        return other !== null;
-      },
-      2_000,
-      'the lock to be handed back',
-      20,
-    );
+    await takenOnceFree(locks, 'k', 'the lock to be handed back');
   });
 
   it('fails within the default 2 s timeout on a frozen server, well before ioredis gives up', async () => {

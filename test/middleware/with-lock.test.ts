@@ -51,6 +51,19 @@ async function lockedInRedis(key: string): Promise<boolean> {
 
 const orderKey = (r: { query: { order?: string } }) => r.query.order;
 
+/** Waits, collecting garbage, until `order`'s lock is gone from Redis: a response nobody can end frees it when collected. */
+function freedOnCollection(order: string): Promise<void> {
+  return until(
+    async () => {
+      gc();
+      return !(await lockedInRedis(order));
+    },
+    5_000,
+    'the abandoned lock to be freed',
+    20,
+  );
+}
+
 /** GETs `url` and reads whatever comes until the connection closes (the server may cut the response short). */
 function readUntilClosed(url: string): Promise<void> {
   return new Promise((resolve) => {
@@ -302,15 +315,7 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     // Express: nothing will ever end that response; it is freed when collected, long before its ttl of 2 s would
     // matter (auto-extension would keep it forever otherwise). Koa: freed in finally.
     const t0 = performance.now();
-    await until(
-      async () => {
-        gc();
-        return !(await lockedInRedis(order));
-      },
-      5_000,
-      'the abandoned lock to be freed',
-      20,
-    );
+    await freedOnCollection(order);
     expect(performance.now() - t0).toBeLessThan(1_500);
     expect((await get(`${app.url}/buy?order=${order}&then=answer`)).status).toBe(200);
   });
@@ -420,15 +425,7 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       await within(arrived.promise, 5_000, 'the request to arrive');
       pending.abort();
       await within(returned.promise, 5_000, 'the handler to return');
-      await until(
-        async () => {
-          gc();
-          return !(await lockedInRedis(order));
-        },
-        5_000,
-        'the abandoned lock to be freed',
-        20,
-      );
+      await freedOnCollection(order);
       expect((await get(`${app.url}/buy?order=${order}&then=answer`)).status).toBe(200);
     });
   }
