@@ -49,7 +49,9 @@ interface CallOptions {
 function usableTtl(store: LockStore, ttl: number): number {
   const drift = store.drift(ttl);
   if (ttl <= drift) {
-    throw new RangeError(`ttl must be longer than the ${drift} ms allowed for clock drift (a lease would end as it began), got ${ttl}`);
+    throw new RangeError(
+      `ttl must be longer than the ${drift} ms allowed for clock drift (a lease would end as it began), got ${ttl}`,
+    );
   }
   return ttl;
 }
@@ -267,7 +269,8 @@ export abstract class BaseLocker implements Locker {
   private lease(key: string, result: Grant, started: number, o: CallOptions): LeaseImpl {
     const expiresAt = result.expiresAt ?? started + result.ttl - this.store.drift(result.ttl);
     const token = result.token;
-    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, o.owner === '' ? undefined : this.tie(token));
+    const ties = o.owner === '' ? undefined : this.tie(token);
+    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties);
     // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
     result.confirmation?.then((at) => {
       if (at === null) lease.lose(new LockLostError(key, 'the lock could not be handed over to this lease: the releasing lease had ended'));

@@ -291,7 +291,9 @@ export class RedlockStore implements LockStore {
       } else if (validity - elapsed - this.drift(ttl) <= 0) {
         result = new LockUnavailableError(`lock acquire took ${elapsed} ms, longer than the ttl allows`);
       } else {
-        result = lockToken === token ? { ok: true, token, fence, ttl: validity } : { ok: true, token: lockToken, fence, ttl: validity, nested: true };
+        result = { ok: true, token: lockToken, fence, ttl: validity };
+        // The same owner's lock, re-entered: granted under its holder's token, not this round's.
+        if (lockToken !== token) result = { ...result, nested: true };
       }
     } else {
       const busy = outcomes
