@@ -161,6 +161,23 @@ describe('TokenBucket on Redis: keys known to be short of tokens', () => {
     expect(await store.take('k', 2, true)).toMatchObject({ allowed: true, remaining: 0 });
   });
 
+  it('forgets it too when the memory of changed keys is full and drops that key early', async () => {
+    // Room for two changed keys: the give-backs of two more drop the first, and a take of it in flight is still not
+    // remembered.
+    const store = new RedisBucketStore(admin, uniquePrefix('give-back-full'), gcraParams(2, 2 / 60), 2_000, 2);
+    const home: TakeHome = {};
+    expect((await store.take('k', 1, true, home)).allowed).toBe(true);
+    const taken = Taken.leave(home)!;
+    node.pause();
+    const inFlight = store.take('k', 2, true);
+    await turn();
+    const back = Promise.all([store.giveBack('k', 1, taken.stored), store.giveBack('x', 1, 1), store.giveBack('y', 1, 1)]);
+    node.resume();
+    expect((await inFlight).allowed).toBe(false);
+    expect(await back).toEqual([true, false, false]);
+    expect(await store.take('k', 2, true)).toMatchObject({ allowed: true, remaining: 0 });
+  });
+
   it('a reset elsewhere (another bucket object) is seen once the remembered denial runs out', async () => {
     const prefix = uniquePrefix('elsewhere');
     const a = new TokenBucket({ capacity: 1, rate: '5/s', redis: admin, prefix });

@@ -128,12 +128,12 @@ export class RedisBucketStore implements BucketStore {
   // whose cost a lower bound of that time already refuses is answered here without a round trip: it can only deny, and
   // only what Redis would deny too, so the bucket never admits more than it allows. Bounded: oldest write goes first.
   private readonly denied = new Map<string, Short>();
-  // Bumped by every reset(): a reply to a take sent before the reset no longer describes the bucket.
-  private resets = 0;
-  // When (µs, monotonic) each key last had tokens given back, oldest first: a reply to a take sent before that describes
-  // the bucket without them, so it is not remembered (it would refuse from memory what Redis now admits). Kept for as
-  // long as such a take can still be answered (the call timeout), and bounded like the cache itself.
-  private readonly gaveBack = new Map<string, number>();
+  // Keys whose bucket changed (a reset, a give-back) while takes may still be on their way, with when (µs, monotonic),
+  // oldest first: a reply to a take sent before that describes the bucket as it was, so it is not remembered (it would
+  // refuse from memory what Redis now admits). An entry matters only while such a take can still be answered (the call
+  // timeout). Bounded like the cache; an entry dropped early leaves its time in `changedBefore`, for every key.
+  private readonly changed = new Map<string, number>();
+  private changedBefore = -1;
 
   constructor(
     private readonly client: RedisClient,
@@ -160,27 +160,31 @@ export class RedisBucketStore implements BucketStore {
 
   giveBack(key: string, cost: number, stored: number): Promise<boolean> {
     // Tokens that come back make a remembered shortage wrong: let Redis answer the next take.
-    this.denied.delete(key);
-    this.noteGiveBack(key);
+    this.forget(key);
     const name = keyStem(this.prefix, key);
     return this.call(() => REFUND.run(this.client, [name], [stored, spentBy(this.params, cost)])).then((r) => Number(r) === 1);
   }
 
-  private noteGiveBack(key: string): void {
+  /** The bucket of `key` changes now: what memory knows of it, and replies to takes sent before, no longer hold. */
+  private forget(key: string): void {
+    this.denied.delete(key);
     const now = nowUs();
-    const old = now - this.timeout * 1_000;
-    for (const [k, at] of this.gaveBack) {
-      if (at >= old) break;
-      this.gaveBack.delete(k);
+    const answered = now - this.timeout * 1_000;
+    for (const [k, at] of this.changed) {
+      if (at >= answered) break;
+      this.changed.delete(k);
     }
-    this.gaveBack.delete(key);
-    makeRoom(this.gaveBack, this.deniedMax);
-    this.gaveBack.set(key, now);
+    this.changed.delete(key);
+    if (this.changed.size >= this.deniedMax) {
+      const [oldest, at] = this.changed.entries().next().value as [string, number];
+      this.changed.delete(oldest);
+      this.changedBefore = at;
+    }
+    this.changed.set(key, now);
   }
 
   async reset(key: string): Promise<void> {
-    this.resets++;
-    this.denied.delete(key);
+    this.forget(key);
     await this.call(() => {
       // After any take made before it, as the calls were made.
       sendPending(this.client);
@@ -195,7 +199,6 @@ export class RedisBucketStore implements BucketStore {
 
   private remote(key: string, cost: number, commit: boolean, home: TakeHome | undefined): Promise<Decision> {
     const sent = nowUs();
-    const resets = this.resets;
     // A plain chain rather than async functions: this runs for every take.
     const name = keyStem(this.prefix, key);
     return this.call(
@@ -214,9 +217,8 @@ export class RedisBucketStore implements BucketStore {
       // keep a remembered one up to date.
       if (
         commit &&
-        resets === this.resets &&
         (!decision.allowed || decision.remaining < cost || this.denied.has(key)) &&
-        (this.gaveBack.size === 0 || sent > (this.gaveBack.get(key) ?? -1))
+        sent > (this.changed.get(key) ?? this.changedBefore)
       ) {
         this.remember(key, sent, after);
       }
