@@ -85,9 +85,7 @@ export function rateLimit<
       next(error);
       return;
     }
-    if (typeof (out as PromiseLike<unknown> | null)?.then === 'function') {
-      Promise.resolve(out).then(undefined, (error: unknown) => next(error));
-    }
+    if (typeof (out as PromiseLike<unknown> | null)?.then === 'function') Promise.resolve(out).catch(next);
   }
 
   // A plain promise chain rather than an async function: this runs for every request.

@@ -16,8 +16,11 @@ export type AttemptResult =
       readonly expiresAt?: number;
       /** Settles once the store has recorded such a hand-over: the lease's new end, or null when it did not take. */
       readonly confirmation?: Promise<number | null>;
-      /** True when the same owner re-entered a lock already held: `token` is the holder's, and the attempt's own
-       * token (its place in line, if it queued) was not used. */
+      /**
+       * True when the same owner re-entered a lock already held: `token` is the holder's, and the attempt's own token
+       * (its place in line) was not used. Set at least for an attempt that queued, the one case the locker acts on
+       * (RedisLock leaves it unset otherwise, to spare its uncontended path a closure per call).
+       */
       readonly nested?: boolean;
     }
   | {
