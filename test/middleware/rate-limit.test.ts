@@ -198,6 +198,20 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       return out;
     };
 
+    /** `/sms` behind the `client` bucket (one budget for every request), then a per-phone limit of 1 per hour. */
+    function smsApp(client: TokenBucket, perPhone: Record<string, unknown>): Promise<RunningApp> {
+      return start({
+        routes: {
+          '/sms': {
+            use: [
+              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+              fw.rateLimit({ capacity: 1, rate: '1/h', key: phone, ...perPhone }),
+            ],
+          },
+        },
+      });
+    }
+
     /**
      * `/sms` behind the `client` bucket and a per-phone limit of 1, whose key function holds a request with `hold` in its
      * query (after the client's take) until `open()`; `reached` resolves when one is held.
@@ -212,16 +226,7 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
         }
         return r.query.phone;
       };
-      const app = await start({
-        routes: {
-          '/sms': {
-            use: [
-              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-              fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy: freshPolicy('phone'), key: held }),
-            ],
-          },
-        },
-      });
+      const app = await smsApp(client, { redis, policy: freshPolicy('phone'), key: held });
       return { url: `${app.url}/sms`, reached: reached.promise, open: () => gate.resolve() };
     }
 
@@ -258,16 +263,7 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
               ctx.body = { custom: true };
             };
       const client = new TokenBucket({ capacity: 3, rate: '3/h' });
-      const app = await start({
-        routes: {
-          '/sms': {
-            use: [
-              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-              fw.rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: phone, handler }),
-            ],
-          },
-        },
-      });
+      const app = await smsApp(client, { policy: 'phone', handler });
       expect(await statuses(`${app.url}/sms`, ['1', '1', '1', '1', '1'])).toEqual([200, 429, 429, 429, 429]);
       expect((await client.peek('client')).remaining).toBe(1); // 2 tokens left: what a take of one would leave
       expect(await statuses(`${app.url}/sms`, ['2', '3', '4'])).toEqual([200, 200, 429]);
@@ -354,16 +350,7 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       it.each(softHandlers)('gives nothing back when an Express handler lets the refused request through (%s)', async (_how, soft) => {
         // A "log only" limit: its handler calls next(), so the request goes on and counts in the limits before it.
         const client = new TokenBucket({ capacity: 3, rate: '3/h' });
-        const app = await start({
-          routes: {
-            '/sms': {
-              use: [
-                fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-                fw.rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: phone, handler: soft }),
-              ],
-            },
-          },
-        });
+        const app = await smsApp(client, { policy: 'phone', handler: soft });
         expect(await statuses(`${app.url}/sms`, ['1', '1', '1', '1'])).toEqual([200, 200, 200, 429]);
         expect((await client.peek('client')).allowed).toBe(false);
       });
@@ -387,16 +374,7 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
     it.each(['Redis', 'memory'] as const)('never gives back more than was taken under 96 concurrent requests (%s)', async (where) => {
       const store = where === 'Redis' ? redis : undefined;
       const client = new TokenBucket({ capacity: 100, rate: '100/h', redis: store, prefix: `hasp:tb:${freshPolicy('ip')}:` });
-      const app = await start({
-        routes: {
-          '/sms': {
-            use: [
-              fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-              fw.rateLimit({ capacity: 1, rate: '1/h', redis: store, policy: freshPolicy('phone'), key: phone }),
-            ],
-          },
-        },
-      });
+      const app = await smsApp(client, { redis: store, policy: freshPolicy('phone') });
       // All at once: 84 requests for 6 numbers, then one for each of 12 new numbers. Every request takes from the
       // client's bucket (it holds 100); the per-phone limit lets one per number through and refuses the rest, whose
       // give-backs race the takes of the requests after them, among them the new numbers' that go through.
