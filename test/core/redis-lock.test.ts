@@ -173,6 +173,26 @@ describe('RedisLock when Redis fails', () => {
     await takenOnceFree(locks, 'k', 'the lock to be handed back');
   });
 
+  it('rejects a release within its own timeout while an extension is on its way to a frozen server', async () => {
+    const prefix = uniquePrefix('release-bound');
+    const { redis, locks } = locker({ prefix, timeout: 600 });
+    const lease = await locks.acquire('k', { ttl: 30_000 });
+    expect(await redis.ping()).toBe('PONG');
+    node.pause();
+    const extension = rejection(lease.extend());
+    const started = performance.now();
+    try {
+      // Not the extension's 600 ms and then its own.
+      expectUnavailable(await within(rejection(lease.release()), 3_000, 'release'));
+      expect(performance.now() - started).toBeLessThan(1_000);
+      expectUnavailable(await extension);
+    } finally {
+      node.resume();
+    }
+    // Both run when the server thaws, the extension first: the key ends up free, not extended for 30 s.
+    await takenOnceFree(locker({ prefix }).locks, 'k', 'the release to run after the extension');
+  });
+
   it('fails within the default 2 s timeout on a frozen server, well before ioredis gives up', async () => {
     const { redis, locks } = locker();
     expect(await redis.ping()).toBe('PONG');

@@ -33,7 +33,6 @@ export class LeaseImpl implements Lease {
   private extendTimer: NodeJS.Timeout | undefined;
   private releasing: Promise<boolean> | undefined;
   private released = false;
-  private inflightExtend: Promise<unknown> | undefined;
 
   constructor(
     private readonly store: LockStore,
@@ -72,13 +71,7 @@ export class LeaseImpl implements Lease {
     // Past its end by our clock the lease is over, whatever Redis still holds: its holder may have been told so.
     this.checkExpiry();
     if (this.released || this.ended) throw new LockLostError(this.key);
-    const p = this.doExtend(ttl);
-    this.inflightExtend = p;
-    try {
-      await p;
-    } finally {
-      if (this.inflightExtend === p) this.inflightExtend = undefined;
-    }
+    await this.doExtend(ttl);
   }
 
   release(): Promise<boolean> {
@@ -89,8 +82,10 @@ export class LeaseImpl implements Lease {
     const live = !this.ended && this.owner === '';
     if (!this.ended) this.end(() => new LeaseReleasedError(this.key));
     const p = (async () => {
-      // An extension racing the release must not report a false loss or re-extend a freed lock: let it settle first.
-      if (this.inflightExtend) await this.inflightExtend.catch(() => undefined);
+      // Sent at once, not after an extension still on its way: that would add the extension's timeout to the
+      // release's on a frozen Redis. The stores send both on the same connections, so Redis runs the extension first;
+      // its reply, arriving after this lease ended, changes nothing (doExtend), and a lock it put back on a Redlock
+      // node is taken off again (RedlockStore.restore).
       const from = live && this.store.now() < this.expiry ? { fence: this.fence, expiresAt: this.expiry } : undefined;
       const held = await this.store.release(this.key, this.token, from, this.ties?.shared() ?? false);
       this.released = true;
