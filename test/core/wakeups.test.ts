@@ -242,6 +242,33 @@ describe('Wakeups across a server restart', () => {
     }
   });
 
+  it.each(['quit', 'disconnect'] as const)(
+    'closes when the client is %s-ed while the server is gone (ioredis emits no end then), so nothing reconnects',
+    async (how) => {
+      const own = await startRedis();
+      const client = own.client();
+      const wakeups = new Wakeups(client, 2_000);
+      try {
+        const heard: string[] = [];
+        await within(wakeups.listen('wake:gone', (m) => heard.push(m)), 3_000, 'the subscription');
+        const sub = (wakeups as unknown as { subscriber: Redis }).subscriber;
+        const reconnecting = next(client, 'reconnecting');
+        await own.kill();
+        await reconnecting;
+        if (how === 'quit') void client.quit().catch(() => undefined);
+        else client.disconnect();
+        // At the copy's next reconnect attempt (ioredis's default delays stay under 2 s), not after the idle close.
+        await next(sub, 'end', 5_000);
+        expect(wakeups.isClosed).toBe(true);
+        expect(heard).toEqual(['']);
+        expect(client.status).not.toBe('ready');
+      } finally {
+        wakeups.close();
+        client.disconnect();
+      }
+    },
+  );
+
   it('leaves no unhandled rejection when closed while the resubscription is unanswered', async () => {
     const own = await startRedis();
     const proxy = await startProxy(own.port);

@@ -3,7 +3,7 @@
 // Channels stay subscribed for a short linger after their last waiter leaves, so a hot key's waiters do not pay a
 // SUBSCRIBE round trip each time; the connection is opened on first use, closed after an idle spell, and closed for
 // good when the user's client ends, so it never keeps a process alive on its own.
-import type { Redis } from 'ioredis';
+import type { Redis, RedisOptions } from 'ioredis';
 import type { RedisClient } from '../types.js';
 import { bounded } from './call.js';
 import { onNext } from './events.js';
@@ -118,7 +118,7 @@ export class Wakeups {
     // autoResubscribe: ioredis (5.x before its fix #2187) sends that SUBSCRIBE with no rejection handler, so closing
     // the connection before the reply is an unhandled rejection in the user's process.
     const cluster = (this.client as { isCluster?: unknown }).isCluster === true;
-    const sub = (cluster ? this.client.duplicate() : (this.client as Redis).duplicate({ autoResubscribe: false })) as RedisClient;
+    const sub = (cluster ? this.client.duplicate() : (this.client as Redis).duplicate(this.plainOptions())) as RedisClient;
     if (!cluster) {
       let connectedBefore = false;
       sub.on('ready', () => {
@@ -140,6 +140,31 @@ export class Wakeups {
     }
     this.subscriber = sub;
     return sub;
+  }
+
+  /**
+   * Options of a plain connection's copy. Its reconnects follow the user's retryStrategy, and stop (closing these
+   * wake-ups) once the user has closed the client: a client quit or disconnected while it was reconnecting emits no
+   * 'end' (ioredis has no connection left to close then), so without this the copy would reconnect on its own, keeping
+   * the process alive until the idle close, or for good while a waiter listens.
+   */
+  private plainOptions(): RedisOptions {
+    const client = this.client as Redis;
+    const retry = client.options.retryStrategy;
+    return {
+      autoResubscribe: false,
+      retryStrategy:
+        typeof retry !== 'function'
+          ? retry
+          : (times) => {
+              // ioredis sets this on quit() and disconnect(), and clears it only when a connection closes.
+              if ((client as unknown as { manuallyClosing?: unknown }).manuallyClosing === true || client.status === 'end') {
+                this.close();
+                return null;
+              }
+              return retry(times);
+            },
+    };
   }
 
   /**
