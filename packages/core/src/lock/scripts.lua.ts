@@ -95,10 +95,12 @@ end
 
 // Wakes the first live waiter of a lock found free (a release that freed it may hand it over instead, and does its own).
 // After FIRST_LIVE; needs \`queueKey\`, \`deadlinesKey\` and \`channel\`.
+// Every PUBLISH is a pcall: a user without the channel's permission (a new Redis 7 ACL user has none) must not fail
+// the script after it freed the lock; the waiter polls instead.
 const WAKE_FIRST = `
 local function wakeFirst()
   local head = firstLive(queueKey, deadlinesKey)
-  if head then redis.call('PUBLISH', channel, head) end
+  if head then redis.pcall('PUBLISH', channel, head) end
 end
 `;
 
@@ -308,7 +310,7 @@ end
 local head = firstLive(queueKey, deadlinesKey)
 if not head then return 1 end
 if head ~= heir then
-  redis.call('PUBLISH', channel, head)
+  redis.pcall('PUBLISH', channel, head)
   return 1
 end
 redis.call('ZREM', queueKey, heir)
