@@ -44,6 +44,12 @@ async function sleepUntil(t: number): Promise<void> {
 }
 const turn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
+/** Keeps this turn of the event loop busy for `ms`, as an app's own synchronous work does. */
+function busy(ms: number): void {
+  const end = performance.now() + ms;
+  while (performance.now() < end);
+}
+
 describe('TokenBucket on Redis: keys known to be short of tokens', () => {
   it('answers a flooded key mostly without Redis, never admits more than capacity + rate × elapsed, and takes every token that comes back', async () => {
     const capacity = 5;
@@ -85,29 +91,26 @@ describe('TokenBucket on Redis: keys known to be short of tokens', () => {
     expect(calls).toBeLessThan(admitted * 40);
   });
 
-  it('answers a denial locally with the numbers Redis would give, and admits the first take after retryAfter', async () => {
-    const bucket = new TokenBucket({ capacity: 2, rate: '10/s', redis: admin, prefix: uniquePrefix('retry') });
+  it('answers a denial locally with numbers never below what Redis would give: the first take after retryAfter is admitted', async () => {
+    const bucket = new TokenBucket({ capacity: 2, rate: '2/s', redis: admin, prefix: uniquePrefix('retry') });
     for (let round = 0; round < 3; round++) {
-      const sent = performance.now();
-      expect(await bucket.take('k', 2)).toMatchObject({ allowed: true, remaining: 0 });
-      const roundTrip = performance.now() - sent;
+      const key = `k${round}`;
+      const emptying = bucket.take(key, 2);
+      // After the first round, the emptying take waits 60 ms in this turn of the event loop before it goes out (the
+      // app's other work, as under load): Redis reads its clock that much after the call.
+      if (round > 0) busy(60);
+      expect(await emptying).toMatchObject({ allowed: true, remaining: 0 });
       await admin.config('RESETSTAT');
-      const local = await bucket.take('k');
-      const remote = await bucket.peek('k');
+      const asked = performance.now();
+      const local = await bucket.take(key);
+      const remote = await bucket.peek(key);
       // The local answer made no Redis call; the peek did.
       expect(await scriptCalls()).toBe(1);
       expect(local).toMatchObject({ allowed: false, limit: 2, remaining: 0 });
-      // Counted from when the emptying take was sent: never above what Redis says a moment later, at most that take's
-      // round trip (and a millisecond of rounding) below it.
-      for (const field of ['retryAfter', 'resetAfter'] as const) {
-        expect(local[field]).toBeLessThanOrEqual(remote[field] + Math.ceil(performance.now() - sent));
-        expect(local[field]).toBeGreaterThanOrEqual(remote[field] - Math.ceil(roundTrip) - 1);
-      }
-      // So the first take after retryAfter (plus that round trip, and a timer that may fire a millisecond early) is
-      // admitted.
-      await sleep(local.retryAfter + Math.ceil(roundTrip) + 1);
-      expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 0 });
-      await sleep(200);
+      // Redis answered a moment later: its numbers are lower by that moment, never higher.
+      for (const field of ['retryAfter', 'resetAfter'] as const) expect(local[field]).toBeGreaterThanOrEqual(remote[field]);
+      await sleepUntil(asked + local.retryAfter);
+      expect(await bucket.take(key)).toMatchObject({ allowed: true, remaining: 0 });
     }
   });
 

@@ -115,9 +115,9 @@ export const DENY_CACHE_MS = 1_000;
 
 /** What is remembered of a bucket known to be short of tokens (µs, monotonic clock). */
 interface Short {
-  /** When it is full again, counted from when the take was sent: never later than the real time. */
+  /** When it is full again, counted from when the reply came: never earlier than the real time. */
   tat: number;
-  /** Earlier by a round trip: decides whether a take can be refused without asking Redis. */
+  /** Counted from when the take was sent, and earlier by a round trip: decides whether to refuse without Redis. */
   low: number;
   /** When to ask Redis again anyway. */
   until: number;
@@ -227,13 +227,15 @@ export class RedisBucketStore implements BucketStore {
   }
 
   private remember(key: string, sent: number, refill: number): void {
-    // The server read its clock `refill` µs before the bucket is full again, at some instant between `sent` and now:
-    // counted from `sent`, the refill time is never later than the real one, so the numbers of a local answer are
-    // never larger than Redis's would be. A request that reaches this process later reaches Redis later still, by up to
-    // a round trip like this one: the bound that decides whether to answer locally is that much earlier again.
+    // The server read its clock `refill` µs before the bucket is full again, at some instant between `sent` (when the
+    // take was made: it may have waited for the end of the event loop's turn before going out) and now. Counted from
+    // now, the refill time is never earlier than the real one, so a local answer's retryAfter and resetAfter are never
+    // below what Redis would say: a client that waits them out is admitted. Whether to answer locally at all is decided
+    // on the earliest it can be: counted from `sent`, and earlier again by a round trip like this one, since a request
+    // that reaches this process later reaches Redis later still.
     const now = nowUs();
-    const tat = sent + refill;
-    const low = tat - (now - sent);
+    const tat = now + refill;
+    const low = sent + refill - (now - sent);
     this.denied.delete(key);
     if (low <= now) return;
     makeRoom(this.denied, this.deniedMax);
