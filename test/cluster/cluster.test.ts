@@ -97,9 +97,9 @@ describe('hash slots on a Cluster', () => {
     });
   });
 
-  it('keeps one slot per key with a lone brace in the prefix, and refuses a prefix holding a hash tag', async () => {
+  it("keeps one slot per key with a '}' in the prefix, and refuses a prefix holding '{'", async () => {
     await withClient(async (client) => {
-      for (const prefix of ['app{', 'a}b{', '}']) {
+      for (const prefix of ['app}', 'a}b:', '}']) {
         const locks = new RedisLock(client, { prefix });
         try {
           for (const key of ['k', '{', '}', 'a{b}c']) {
@@ -113,8 +113,9 @@ describe('hash slots on a Cluster', () => {
           locks.close();
         }
       }
-      // 'x{}' hashed each name whole (an empty tag): CROSSSLOT on every script. '{x}' pinned all keys to one slot.
-      for (const prefix of ['x{}', 'app{x}:', '{tenant}:', 'a{b}{c}']) {
+      // 'x{}' hashed each name whole (an empty tag): CROSSSLOT on every script. '{x}' pinned all keys to one slot. A lone
+      // '{' kept the slots but let names collide: key '{k' under 'app' and key 'k' under 'app{' were both 'app{{k}'.
+      for (const prefix of ['x{}', 'app{x}:', '{tenant}:', 'a{b}{c}', 'app{', 'a}b{', '{']) {
         await expectInvalid(() => new RedisLock(client, { prefix }), 'prefix');
         await expectInvalid(() => new Redlock([client], { prefix }), 'prefix');
         // A bucket has one name per key, so a tag would only crowd every bucket into one slot; refused all the same.

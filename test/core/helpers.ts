@@ -2,11 +2,18 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, expect } from 'vitest';
+import { bucketName } from '../../packages/core/src/rate-limit/bucket-store.js';
+import { gcraParams } from '../../packages/core/src/rate-limit/gcra.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 
 /** A prefix no other test uses, so tests on one Redis node never see each other's keys. */
 export function uniquePrefix(tag: string): string {
   return `t:${tag}:${randomBytes(4).toString('hex')}:`;
+}
+
+/** The Redis name of `key`'s bucket in `bucket` (a TokenBucket, or its settings), which was made with `prefix`. */
+export function bucketKey(bucket: { capacity: number; rate: number }, prefix: string, key: string): string {
+  return bucketName(prefix, key, gcraParams(bucket.capacity, bucket.rate));
 }
 
 /**

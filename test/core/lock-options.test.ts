@@ -33,9 +33,9 @@ const SHARED: [string, unknown[]][] = [
   ['ttl', BAD_POSITIVE_MS],
   ['wait', BAD_MS],
   ['onError', NOT_FUNCTIONS],
-  // A Cluster hash tag in the prefix would override the tag hasp gives each key (MemoryLock refuses it too, so code
-  // moving to Redis meets no new error).
-  ['prefix', [...NOT_STRINGS, 'app{x}:', '{a}']],
+  // A '{' in the prefix would open a Cluster hash tag overriding the one hasp gives each key, or let names of different
+  // prefixes collide (MemoryLock refuses it too, so code moving to Redis meets no new error).
+  ['prefix', [...NOT_STRINGS, 'app{x}:', '{a}', 'app{']],
 ];
 // A lease no longer than the clock-drift allowance (1 % + 2 ms) would end as it began.
 const REDIS_ONLY: [string, unknown[]][] = [

@@ -21,7 +21,7 @@ import { isBundled } from '../../packages/core/src/redis/script.js';
 import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { abortReason, commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
+import { abortReason, bucketKey, commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
 
 let node: RedisNode;
 let admin: Redis;
@@ -539,7 +539,12 @@ describe('Redis calls', () => {
     const takes = await Promise.all([bucket.take('b'), bucket.take('c')]);
     expect(takes.map((d) => d.allowed)).toEqual([true, true]);
     expect((await admin.keys(`${keyPrefix}*`)).sort()).toEqual(
-      [`${keyPrefix}hasp:lock:{k}`, `${keyPrefix}hasp:lock:{k}:f`, `${keyPrefix}hasp:tb:{b}`, `${keyPrefix}hasp:tb:{c}`].sort(),
+      [
+        `${keyPrefix}hasp:lock:{k}`,
+        `${keyPrefix}hasp:lock:{k}:f`,
+        keyPrefix + bucketKey(bucket, 'hasp:tb:', 'b'),
+        keyPrefix + bucketKey(bucket, 'hasp:tb:', 'c'),
+      ].sort(),
     );
     await next.release();
     ours.close();

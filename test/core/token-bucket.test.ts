@@ -5,9 +5,8 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest
 import { RateLimitUnavailableError, TokenBucket, type Decision } from '../../packages/core/src/index.js';
 import type { MemoryBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
 import { EXPIRY_GRID_US } from '../../packages/core/src/rate-limit/bucket.lua.js';
-import { keyStem } from '../../packages/core/src/redis/keys.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
-import { expectInvalid, rejection, uniquePrefix, until, within } from './helpers.js';
+import { bucketKey, expectInvalid, rejection, uniquePrefix, until, within } from './helpers.js';
 
 afterAll(async () => {
   await stopAll();
@@ -390,8 +389,8 @@ describe('TokenBucket on Redis', () => {
     await client.ping();
     const prefix = uniquePrefix('type');
     const bucket = new TokenBucket({ capacity: 5, rate: '1/min', redis: client, prefix });
-    await admin.hset(keyStem(prefix, 'hash'), 'f', '1');
-    await admin.set(keyStem(prefix, 'text'), 'abc');
+    await admin.hset(bucketKey(bucket, prefix, 'hash'), 'f', '1');
+    await admin.set(bucketKey(bucket, prefix, 'text'), 'abc');
     const wrongType = /WRONGTYPE/;
     const notNumber = /not a number/;
     // Merged into one command each (takes, then peeks: their leading arguments differ), then one by one.
@@ -421,9 +420,9 @@ describe('TokenBucket on Redis', () => {
       expect(e).toMatch(/^RateLimitUnavailableError: /);
       expect(e).toMatch(notNumber);
     }
-    expect(await admin.hgetall(keyStem(prefix, 'hash'))).toEqual({ f: '1' });
-    expect(await admin.get(keyStem(prefix, 'text'))).toBe('abc');
-    expect(await admin.pttl(keyStem(prefix, 'text'))).toBe(-1);
+    expect(await admin.hgetall(bucketKey(bucket, prefix, 'hash'))).toEqual({ f: '1' });
+    expect(await admin.get(bucketKey(bucket, prefix, 'text'))).toBe('abc');
+    expect(await admin.pttl(bucketKey(bucket, prefix, 'text'))).toBe(-1);
     client.disconnect();
   });
 
@@ -481,6 +480,29 @@ describe('TokenBucket on Redis', () => {
     const bucket = new TokenBucket({ capacity: 10, rate: 1_000_000, redis: admin, prefix: uniquePrefix('tiny') });
     expect(await bucket.take('k', 1e-9)).toMatchObject({ allowed: true, retryAfter: 0 });
     expect(await bucket.take('k', 0.1)).toMatchObject({ allowed: true, retryAfter: 0 });
+  });
+
+  it('keeps buckets of other capacities or rates on the same prefix and key apart: each keeps its own budget', async () => {
+    // Two routes on one policy, or a deploy that changes a limit while old processes still run. Each take through a
+    // bucket object of its own, as from many processes (an object answers a key it saw short of tokens from memory).
+    const prefix = uniquePrefix('settings');
+    const bucket = (capacity: number, rate = '10/h') => new TokenBucket({ capacity, rate, redis: admin, prefix });
+    const take = async (capacity: number) => (await bucket(capacity).take('k')).allowed;
+    // Sharing one value, the small bucket read the drained big one as a clock step back, and its denial wrote the value
+    // down to its own capacity, handing the big one back 7 tokens each time.
+    const admitted = { big: 0, small: 0 };
+    for (let i = 0; i < 12; i++) if (await take(10)) admitted.big++;
+    for (let round = 0; round < 10; round++) {
+      if (await take(3)) admitted.small++;
+      if (await take(10)) admitted.big++;
+    }
+    expect(admitted).toEqual({ big: 10, small: 3 });
+    // A bucket of another rate reads nothing of theirs either: its 10 tokens are all there.
+    const slower = bucket(10, '1/h');
+    expect((await slower.peek('k', 10)).allowed).toBe(true);
+    const names = [bucket(10), bucket(3), slower].map((b) => bucketKey(b, prefix, 'k'));
+    expect(new Set(names).size).toBe(3);
+    expect((await admin.keys(`${prefix}*`)).sort()).toEqual(names.slice(0, 2).sort());
   });
 
   it('keeps hostile keys inside the prefix and apart from each other', async () => {
@@ -620,7 +642,7 @@ describe('TokenBucket when Redis fails', () => {
     const prefix = uniquePrefix('refund3');
     const bucket = new TokenBucket({ capacity: 3, rate: '3/10min', redis, prefix, timeout: 200 });
     expect((await bucket.take('sms')).remaining).toBe(2);
-    const name = keyStem(prefix, 'sms');
+    const name = bucketKey(bucket, prefix, 'sms');
     const before = await redis.get(name);
     down.pause();
     try {

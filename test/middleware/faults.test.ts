@@ -5,9 +5,8 @@ import { TokenBucket } from '@hasp/core';
 import { giveBackTakes, RateLimiter, type StoreStateEvent } from '@hasp/core/http';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
-import { keyStem } from '../../packages/core/src/redis/keys.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
-import { until } from '../core/helpers.js';
+import { bucketKey, until } from '../core/helpers.js';
 import { notReady, ready, trackUnhandled } from '../redlock/support.js';
 import { FRAMEWORKS, framework, get, type Framework, type Response, type RunningApp } from './apps.js';
 
@@ -224,7 +223,7 @@ describe('a bucket key that holds something else', () => {
       () => undefined,
     );
     // Someone else's data under the bucket's name.
-    await redis.hset(keyStem(prefix, 'bad'), 'f', '1');
+    await redis.hset(bucketKey(bucket, prefix, 'bad'), 'f', '1');
     const bad = await limiter.check({ key: 'bad' }).then(
       (d) => (d?.allowed ? 'allowed' : 'refused'),
       (e: { status?: number }) => e.status,
@@ -236,7 +235,7 @@ describe('a bucket key that holds something else', () => {
     expect(decided).toEqual([true, true, false]);
     expect((await bucket.peek('good')).allowed).toBe(false);
     expect(heard).toEqual([]);
-    expect(await redis.hgetall(keyStem(prefix, 'bad'))).toEqual({ f: '1' });
+    expect(await redis.hgetall(bucketKey(bucket, prefix, 'bad'))).toEqual({ f: '1' });
   });
 });
 
@@ -371,5 +370,20 @@ describe('onStoreState', () => {
     }
     client.disconnect();
     await own.stop();
+  });
+});
+
+describe('bucket names of rate limiters', () => {
+  it("keeps policies apart whatever they hold: 'p:{x' with key 'victim' and 'p' with key 'x:{victim' share nothing", async () => {
+    const base = `names-${process.pid}-${Date.now()}`;
+    const limiter = (policy: string) =>
+      new RateLimiter({ capacity: 2, rate: '2/h', redis, policy, key: (a: { key: string }) => a.key, onStoreError: 'closed' }, () => undefined);
+    // Both made `hasp:tb:<base>:{x:{victim}` while a '{' in a policy went into the prefix as it was.
+    const one = limiter(`${base}:{x`);
+    const other = limiter(base);
+    for (let i = 0; i < 2; i++) expect((await other.check({ key: 'x:{victim' }))?.allowed).toBe(true);
+    expect((await other.check({ key: 'x:{victim' }))?.allowed).toBe(false);
+    expect((await one.check({ key: 'victim' }))?.allowed).toBe(true);
+    expect(await redis.keys(`hasp:tb:${base}*`)).toHaveLength(2);
   });
 });

@@ -4,7 +4,7 @@ import { assertClient } from '../lock/redis-lock.js';
 import { parseRate } from '../rate-limit/rate.js';
 import { Taken, type BucketStore, type TakeHome } from '../rate-limit/bucket-store.js';
 import { storeOf, TokenBucket } from '../rate-limit/token-bucket.js';
-import { encodeKey } from '../redis/keys.js';
+import { encodePrefixPart } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
 import * as v from '../util/validate.js';
 import { rateLimitedError, rateLimitUnavailableError, type MiddlewareHttpError } from './errors.js';
@@ -169,9 +169,9 @@ export class RateLimiter<Arg, H = never> {
           capacity,
           rate,
           redis: o.redis,
-          // encodeKey drops '}' (escaped, injectively), so a policy such as 'login{v2}' cannot form a Cluster hash tag in
-          // the prefix, which TokenBucket refuses.
-          prefix: `${MIDDLEWARE_BUCKET_PREFIX}${encodeKey(v.string('policy', policy))}:`,
+          // Braces escaped (injectively): a policy such as 'login{v2}' must not open a hash tag in the prefix, which
+          // TokenBucket refuses, nor let one policy's names collide with another's.
+          prefix: `${MIDDLEWARE_BUCKET_PREFIX}${encodePrefixPart(v.string('policy', policy))}:`,
         });
       }
       const fields = new RateLimitFields(policy, bucket.capacity, bucket.rate);

@@ -135,13 +135,22 @@ export class RedisBucketStore implements BucketStore {
   private readonly changed = new Map<string, number>();
   private changedBefore = -1;
 
+  private readonly suffix: string;
+
   constructor(
     private readonly client: RedisClient,
     private readonly prefix: string,
     private readonly params: GcraParams,
     private readonly timeout: number,
     private readonly deniedMax = DENY_CACHE_SIZE,
-  ) {}
+  ) {
+    this.suffix = settingsSuffix(params);
+  }
+
+  /** The Redis name of `key`'s bucket (see {@link bucketName}). */
+  private name(key: string): string {
+    return keyStem(this.prefix, key) + this.suffix;
+  }
 
   take(key: string, cost: number, commit: boolean, home?: TakeHome): Promise<Decision> {
     if (commit && this.denied.size > 0) {
@@ -161,7 +170,7 @@ export class RedisBucketStore implements BucketStore {
   giveBack(key: string, cost: number, stored: number): Promise<boolean> {
     // Tokens that come back make a remembered shortage wrong: let Redis answer the next take.
     this.forget(key);
-    const name = keyStem(this.prefix, key);
+    const name = this.name(key);
     return this.call(() => REFUND.run(this.client, [name], [stored, spentBy(this.params, cost)])).then((r) => Number(r) === 1);
   }
 
@@ -188,7 +197,7 @@ export class RedisBucketStore implements BucketStore {
     await this.call(() => {
       // After any take made before it, as the calls were made.
       sendPending(this.client);
-      return this.client.del(keyStem(this.prefix, key));
+      return this.client.del(this.name(key));
     });
   }
 
@@ -200,7 +209,7 @@ export class RedisBucketStore implements BucketStore {
   private remote(key: string, cost: number, commit: boolean, home: TakeHome | undefined): Promise<Decision> {
     const sent = nowUs();
     // A plain chain rather than async functions: this runs for every take.
-    const name = keyStem(this.prefix, key);
+    const name = this.name(key);
     return this.call(
       () => TAKE.run(this.client, [name], [this.params.capacity, this.params.interval, commit ? '1' : '0', cost]),
       // A take that lands after its caller gave up (a stalled server) spent tokens nobody used: give them back while
@@ -253,6 +262,26 @@ export class RedisBucketStore implements BucketStore {
   private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
     return bounded(this.client, this.timeout, op, late, undefined, unavailable);
   }
+}
+
+/**
+ * The Redis name of `key`'s bucket under `prefix`: the key's hash-tagged stem, then its capacity and rate. A bucket
+ * stores one number, the time it is full again, which a bucket of other settings would read in its own units: more
+ * tokens used than its capacity reads as a clock step back and is written down to empty, giving the other its tokens
+ * back; a different rate reads tokens as more or fewer. So buckets share a value only when they share settings, and a
+ * change of capacity or rate starts afresh with full buckets.
+ */
+export function bucketName(prefix: string, key: string, params: GcraParams): string {
+  return keyStem(prefix, key) + settingsSuffix(params);
+}
+
+// ':' and a 32-bit FNV-1a hash of the settings in base 36 (at most 7 characters): short, since every byte of a name
+// costs memory per bucket in Redis. Two settings in use would share a hash once in billions of pairs.
+function settingsSuffix(p: GcraParams): string {
+  const text = `${p.capacity}/${p.interval}`;
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193);
+  return `:${(h >>> 0).toString(36)}`;
 }
 
 /** The µs a take of `cost` adds to the TAT (the same expression as in TAKE and in `decide`). */

@@ -8,9 +8,10 @@
 // Redis takes the hash tag from the FIRST '{' of a name and the first '}' after it, so a prefix holding a complete tag
 // would decide the slot instead: `app{x}:` pins every key of every user to one slot (correct but one hot shard), and
 // `app{}:` makes an empty tag, so each name hashes whole and one key's names land in different slots (CROSSSLOT on every
-// lock script). Every constructor refuses such prefixes (checkPrefix), the token bucket too: it has one name per key,
-// so a tag would only crowd every bucket into one slot, but one rule for all prefixes is easier to state. A lone '{' or
-// '}' is harmless and allowed.
+// lock script). A lone '{' keeps the slots right but makes names of different prefixes collide: key '{x' under prefix
+// 'app' and key 'x' under prefix 'app{' are both `app{{x}`. So every constructor refuses a '{' anywhere in a prefix
+// (checkPrefix), the token bucket too; then the first '{' of a name ends its prefix, and (prefix, key) pairs never share
+// a name. A '}' is harmless and allowed.
 
 /** An injective, `}`-free spelling of a user key. */
 export function encodeKey(key: string): string {
@@ -39,18 +40,22 @@ export function keyStem(prefix: string, key: string): string {
 }
 
 /**
- * Validates a `prefix` option: any string without a Redis Cluster hash tag (a '{' followed later by a '}'), since such
- * a tag would override the per-key tag of {@link keyStem}.
- * @throws TypeError naming `prefix` for a non-string or a prefix holding a hash tag
+ * Validates a `prefix` option: any string without '{', which would open a Redis Cluster hash tag overriding the per-key
+ * tag of {@link keyStem}, or let names of different prefixes collide.
+ * @throws TypeError naming `prefix` for a non-string or a prefix holding '{'
  */
 export function checkPrefix(prefix: unknown): string {
   if (typeof prefix !== 'string') throw new TypeError(`prefix must be a string, got ${typeof prefix}`);
-  const open = prefix.indexOf('{');
-  if (open >= 0 && prefix.indexOf('}', open + 1) >= 0) {
+  if (prefix.includes('{')) {
     throw new TypeError(
-      `prefix must not contain a Redis Cluster hash tag ('{' followed by '}'): hasp tags each key itself so all of a ` +
-        `key's names share one slot, got ${JSON.stringify(prefix.length > 40 ? `${prefix.slice(0, 37)}...` : prefix)}`,
+      `prefix must not contain '{': hasp puts each key in a Redis Cluster hash tag of its own, right after the prefix, ` +
+        `got ${JSON.stringify(prefix.length > 40 ? `${prefix.slice(0, 37)}...` : prefix)}`,
     );
   }
   return prefix;
+}
+
+/** A name (a rate limiter's policy) spelled for use inside a prefix: {@link encodeKey}, and '{' escaped as well. */
+export function encodePrefixPart(name: string): string {
+  return encodeKey(name).replaceAll('{', '%7B');
 }
