@@ -193,6 +193,59 @@ describe('RedisLock when Redis fails', () => {
     await takenOnceFree(locker({ prefix }).locks, 'k', 'the release to run after the extension');
   });
 
+  it('never hands out a lease whose ttl ran out while Redis was slow: it gives the key back, and tries again within wait', async () => {
+    const prefix = uniquePrefix('late-grant');
+    const { redis, locks } = locker({ prefix });
+    const name = lockNames(prefix, 'k').lock;
+    for (const wait of [0, 5_000]) {
+      expect(await redis.ping()).toBe('PONG');
+      node.pause();
+      const acquiring = locks.acquire('k', { ttl: 400, wait }).then(
+        (lease) => ({ lease, error: undefined }),
+        (error: unknown) => ({ lease: undefined, error }),
+      );
+      // Frozen for longer than the ttl but not the 2 s timeout: Redis grants the lock when it thaws, 400 ms too late.
+      await new Promise((resolve) => setTimeout(resolve, 700));
+      node.resume();
+      const { lease, error } = await within(acquiring, 3_000, 'the acquire');
+      if (wait === 0) {
+        expect(error).toBeInstanceOf(LockUnavailableError);
+        expect(error).toMatchObject({ code: 'LOCK_UNAVAILABLE', message: expect.stringMatching(/longer than the ttl/) });
+        // Given back at once, not left held for its 400 ms.
+        await until(async () => (await redis.exists(name)) === 0, 200, 'the late grant to be given back');
+      } else {
+        // A second attempt, within wait, got a lease that is live.
+        expect(lease!.expiresAt).toBeGreaterThan(Date.now());
+        expect(lease!.signal.aborted).toBe(false);
+        expect(await lease!.release()).toBe(true);
+      }
+    }
+  });
+
+  it('settles an aborted acquire at once with the reason while its attempt waits on a frozen server, and gives back the late grant', async () => {
+    const prefix = uniquePrefix('abort-flight');
+    const { redis, locks } = locker({ prefix });
+    const name = lockNames(prefix, 'k').lock;
+    expect(await redis.ping()).toBe('PONG');
+    node.pause();
+    try {
+      const controller = new AbortController();
+      const acquiring = rejection(locks.acquire('k', { ttl: 30_000, wait: 5_000, signal: controller.signal }));
+      // One turn of the event loop: the attempt has gone out, and waits on the frozen server.
+      await new Promise((resolve) => setImmediate(resolve));
+      const reason = new Error('the client went away');
+      const aborted = performance.now();
+      controller.abort(reason);
+      expect(await within(acquiring, 1_000, 'the aborted acquire')).toBe(reason);
+      expect(performance.now() - aborted).toBeLessThan(200);
+    } finally {
+      node.resume();
+    }
+    // The attempt runs as the server thaws and takes the lock for 30 s, for nobody: it is given back.
+    expect(await redis.exists(name)).toBe(1);
+    await until(async () => (await redis.exists(name)) === 0, 2_000, 'the late grant to be given back');
+  });
+
   it('fails within the default 2 s timeout on a frozen server, well before ioredis gives up', async () => {
     const { redis, locks } = locker();
     expect(await redis.ping()).toBe('PONG');

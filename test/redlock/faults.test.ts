@@ -434,6 +434,38 @@ describe('Redlock without a quorum', () => {
     await lease!.release();
   });
 
+  it('settles an aborted acquire at once while its rounds wait on frozen nodes, and hands back what they grant later', async () => {
+    const prefix = freshPrefix('abort-frozen');
+    const { locker } = redlock({ prefix });
+    await (await locker.acquire('warm-up')).release();
+    nodes.pause([1, 2, 3]);
+    const t = await timed(() => within(locker.acquire('k', { wait: 10_000, signal: AbortSignal.timeout(100) }), 5_000, 'acquire'));
+    // Not after its rounds and retry delays (about 1.1 s on these defaults).
+    expect(t.error).toMatchObject({ name: 'TimeoutError' });
+    expect(t.ms).toBeLessThan(100 + 300);
+    nodes.resume([1, 2, 3]);
+    await noLockLeft(prefix, 'k', 'the late grants to be handed back');
+  });
+
+  it('counts a lease from the round that won it: a grant after retries is live, not already expired', async () => {
+    const prefix = freshPrefix('late-round');
+    // Rounds of 100 ms one right after the other: the fourth starts ~305 ms after the first.
+    const { locker } = redlock({ prefix, nodeTimeout: 100, retryCount: 5, retryDelay: 1 });
+    await (await locker.acquire('warm-up')).release();
+    for (let i = 0; i < 3; i++) {
+      nodes.pause([1, 2, 3]);
+      const acquiring = locker.acquire(`k${i}`, { ttl: 300 });
+      // Thawed during the fourth round, which wins: counted from the first round, its 300 ms lease would have ended
+      // before it was handed out, leaving the caller's code to run unprotected.
+      await new Promise((resolve) => setTimeout(resolve, 350));
+      nodes.resume([1, 2, 3]);
+      const lease = await within(acquiring, 3_000, 'the acquire');
+      expect(lease.expiresAt).toBeGreaterThan(Date.now());
+      expect(lease.signal.aborted).toBe(false);
+      expect(await lease.release()).toBe(true);
+    }
+  });
+
   it('on default options, fails within the documented ~1.1 s when a majority is frozen', async () => {
     const prefix = freshPrefix('defaults-frozen');
     const { locker } = redlock({ prefix });

@@ -23,7 +23,10 @@ export interface AcquireOptions {
    * (same token and fence). The lock is freed when every nested lease is released.
    */
   owner?: string;
-  /** Stops waiting; the pending call rejects with the signal's reason. */
+  /**
+   * Stops the call at once, also while an attempt waits on Redis: it rejects with the signal's reason (a lock granted
+   * after that is given back).
+   */
   signal?: AbortSignal;
 }
 

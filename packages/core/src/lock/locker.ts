@@ -37,6 +37,8 @@ export function resolveLockerOptions(options: LockerOptions): ResolvedLockerOpti
 
 // What an attempt raced against a hand-over in this process resolves to when the hand-over came first.
 const HANDED = Symbol('handed');
+// ... and against the caller's signal, when that aborted first.
+const ABORTED = Symbol('aborted');
 
 interface CallOptions {
   ttl: number;
@@ -54,6 +56,11 @@ function usableTtl(store: LockStore, ttl: number): number {
     );
   }
   return ttl;
+}
+
+/** The error of an acquire whose grants all came too late to be of use. */
+function tooSlow(took: number): LockUnavailableError {
+  return new LockUnavailableError(`lock acquire took ${took} ms, longer than the ttl allows: the lease would have ended`);
 }
 
 /** Shared Locker implementation over a {@link LockStore}. */
@@ -134,7 +141,9 @@ export abstract class BaseLocker implements Locker {
     let acquired = false;
     // Let in by reentry (a lease of our owner holds the key): granted under that lease's token, not ours.
     let reentered = false;
+    // The store failed, or the caller's signal aborted: the line is left without waiting for the store's answer.
     let storeFailed = false;
+    let abandoned = false;
     // A lock a release in this process handed straight to us (see LockStore.waitHere), and how to stop waiting there.
     let handed: { grant: Grant; since: number } | undefined;
     let endWaitHere: ((acquired: boolean) => void) | undefined;
@@ -144,6 +153,24 @@ export abstract class BaseLocker implements Locker {
       if (next !== '' && next !== token) return;
       woken = true;
       wake?.();
+    };
+    // An abort settles the call at once, also while an attempt is on its way (Redis slow or frozen); a grant that comes
+    // after it is handed back.
+    let stopAbortWatch: (() => void) | undefined;
+    const abortSignal =
+      o.signal === undefined
+        ? undefined
+        : new Promise<typeof ABORTED>((resolve) => {
+            const signal = o.signal!;
+            const onAbort = () => resolve(ABORTED);
+            signal.addEventListener('abort', onAbort, { once: true });
+            stopAbortWatch = () => signal.removeEventListener('abort', onAbort);
+          });
+    // What an aborted call throws: the signal's reason, once a lock handed to it meanwhile is given back.
+    const abandon = (): unknown => {
+      abandoned = true;
+      if (handed !== undefined) this.handBack(key, handed.grant);
+      return o.signal!.reason;
     };
     try {
       if (queue && this.waitedLately(key)) {
@@ -157,28 +184,56 @@ export abstract class BaseLocker implements Locker {
         }
       }
       for (;;) {
+        if (o.signal?.aborted) throw abandon();
         if (handed !== undefined) {
-          acquired = true;
-          return this.lease(key, handed.grant, handed.since, o);
+          const { grant, since } = handed;
+          const lease = this.leaseIfLive(key, grant, since, o);
+          if (lease !== undefined) {
+            acquired = true;
+            return lease;
+          }
+          // Out of this process's line now (the hand-over took us out): wait in Redis's line, and join this one again
+          // when refused.
+          handed = undefined;
+          handedSignal = undefined;
+          endWaitHere?.(false);
+          endWaitHere = undefined;
+          if (deadline - this.store.now() <= 0) throw tooSlow(this.store.now() - since);
+          continue;
         }
         woken = false;
         const started = this.store.now();
-        let result: AttemptResult | typeof HANDED;
+        let result: AttemptResult | typeof HANDED | typeof ABORTED;
+        const attempt = this.store.attempt(key, token, o.owner, o.ttl, queue);
         try {
-          const attempt = this.store.attempt(key, token, o.owner, o.ttl, queue);
           // Registered in this process's line: a release here may let us in while this attempt is on its way (say,
           // with Redis slow to answer). Take the lock then; the attempt's reply, or its failure, no longer matters.
-          result = await (handedSignal === undefined ? attempt : Promise.race([attempt, handedSignal]));
+          result = await (handedSignal === undefined && abortSignal === undefined
+            ? attempt
+            : Promise.race([attempt, ...(handedSignal ? [handedSignal] : []), ...(abortSignal ? [abortSignal] : [])]));
         } catch (error) {
+          if (o.signal?.aborted) throw abandon();
           if (handed !== undefined) continue;
           storeFailed = true;
           throw error;
         }
+        if (result === ABORTED || o.signal?.aborted) {
+          if (result === ABORTED) attempt.then((late) => late.ok && this.handBack(key, late), () => undefined);
+          else if (result !== HANDED && result.ok) this.handBack(key, result);
+          throw abandon();
+        }
         if (result === HANDED) continue;
         if (result.ok) {
-          acquired = true;
-          reentered = result.nested === true;
-          return this.lease(key, result, started, o);
+          const lease = this.leaseIfLive(key, result, started, o);
+          if (lease !== undefined) {
+            acquired = true;
+            reentered = result.nested === true;
+            return lease;
+          }
+          // Granted too late to be of use (Redis was slow, or Redlock needed retries): the time left in `wait` may
+          // still get a lease that is.
+          if (deadline - this.store.now() <= 0) throw tooSlow(this.store.now() - started);
+          continue;
         }
         if (handed !== undefined) continue;
         if (queue && endWaitHere === undefined && this.store.waitHere !== undefined) {
@@ -194,7 +249,7 @@ export abstract class BaseLocker implements Locker {
         }
         const left = deadline - this.store.now();
         if (left <= 0) return result;
-        o.signal?.throwIfAborted();
+        if (o.signal?.aborted) throw abandon();
         if (!listening) {
           // Subscribe, then try again at once: a release between our attempt and the subscription is not missed.
           listening = true;
@@ -218,7 +273,7 @@ export abstract class BaseLocker implements Locker {
           };
           const onAbort = () => {
             done();
-            reject(o.signal?.reason);
+            reject(abandon());
           };
           const timer = setTimeout(() => {
             done();
@@ -232,15 +287,16 @@ export abstract class BaseLocker implements Locker {
         });
       }
     } finally {
+      stopAbortWatch?.();
       endWaitHere?.(acquired);
       stopListening?.();
       if (queue && !acquired) {
         const leaving = this.store.leave(key, token).catch(() => undefined);
-        // Settle only once out of the line: a release right after our LockBusyError or abort would otherwise hand the
-        // lock to us (a departed waiter) and refuse everyone else until the leave lands, which on a node that has not
-        // cached the script yet (NOSCRIPT, then EVAL) comes after whatever the caller sends next. When the store
-        // itself just failed, the leave would only add its own timeout to the error.
-        if (!storeFailed) await leaving;
+        // Settle only once out of the line: a release right after our LockBusyError would otherwise hand the lock to
+        // us (a departed waiter) and refuse everyone else until the leave lands, which after a SCRIPT FLUSH (NOSCRIPT,
+        // then EVAL) comes after whatever the caller sends next. When the store itself just failed, the leave would
+        // only add its own timeout to the error; an abort must settle at once.
+        if (!storeFailed && !abandoned) await leaving;
       } else if (queue && reentered) {
         // A waiter let in by reentry is still in the line under its own token (the grant did not take it out): left
         // there, it would be first once the lock is free, and hold up the next waiter until its place lapses. Sent now,
@@ -266,8 +322,16 @@ export abstract class BaseLocker implements Locker {
     this.recentWaits.set(key, this.store.now());
   }
 
-  private lease(key: string, result: Grant, started: number, o: CallOptions): LeaseImpl {
+  /**
+   * The lease of a grant, or undefined (the grant handed back) when it has already run out by our clock: a grant that
+   * took longer than its ttl to arrive holds nothing its caller can use, and code run under it would run unprotected.
+   */
+  private leaseIfLive(key: string, result: Grant, started: number, o: CallOptions): LeaseImpl | undefined {
     const expiresAt = result.expiresAt ?? started + result.ttl - this.store.drift(result.ttl);
+    if (expiresAt <= this.store.now()) {
+      this.handBack(key, result);
+      return undefined;
+    }
     const token = result.token;
     const ties = o.owner === '' ? undefined : this.tie(token);
     const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties);
@@ -277,6 +341,11 @@ export abstract class BaseLocker implements Locker {
       else lease.confirm(at);
     });
     return lease;
+  }
+
+  /** Gives back a grant no lease was made for (one hold; a nested grant leaves the lock to the lease it nests in). */
+  private handBack(key: string, grant: Grant): void {
+    this.store.release(key, grant.token, undefined, this.liveLeases.has(grant.token)).catch(() => undefined);
   }
 
   // Leases of one owner nest under one token (a lease without an owner is always its lock's only hold): counted while

@@ -82,14 +82,18 @@ export class RedlockStore implements LockStore {
   // order the waiters' calls reach them in. (Per-node arrival times would order them differently and split the votes.)
   async attempt(key: string, waiter: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
     const line = queue ? this.placeOf(waiter) : undefined;
+    const began = this.now();
     for (let retry = 0; ; retry++) {
+      const round = this.now();
       const result = await this.attemptOnce(key, owner, ttl, line);
       // A split vote means nobody holds the key: retry it here like a node failure, so that two callers colliding
       // with `wait: 0` (a double submit) do not both walk away busy from a free key.
       const split = !(result instanceof Error) && SPLIT_VOTES.has(result);
       if (!(result instanceof Error) && !split) {
-        if (result.ok) this.places.delete(waiter);
-        return result;
+        if (!result.ok) return result;
+        this.places.delete(waiter);
+        // The round's validity counts from the round's start; a grant's ttl counts from the attempt's (AttemptResult).
+        return round === began ? result : { ...result, ttl: result.ttl + (round - began) };
       }
       if (retry >= this.s.retryCount) {
         if (split) return result;
