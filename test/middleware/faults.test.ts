@@ -334,6 +334,52 @@ describe('onStoreState', () => {
     await own.stop();
   });
 
+  it('stays down, heard once, while Redis answers reads but refuses writes (out of memory), and comes back when takes work', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    const admin = own.client();
+    await Promise.all([ready(client), ready(admin)]);
+    const heard: StoreStateEvent[] = [];
+    const limiter = new RateLimiter(
+      { capacity: 5, rate: '1/h', redis: client, policy: 'oom', key: (a: { key: string }) => a.key, onStoreError: 'closed', onStoreState: (e) => void heard.push(e) },
+      () => undefined,
+    );
+    const status = (key: string) =>
+      limiter.check({ key }).then(
+        (d) => (d?.allowed ? 200 : 429),
+        (e: { status?: number }) => e.status,
+      );
+    expect(await status('warm')).toBe(200);
+    await admin.config('SET', 'maxmemory-policy', 'noeviction');
+    await admin.config('SET', 'maxmemory', '1');
+    try {
+      // Three probe intervals of requests on fresh keys: every one refused, and the outage heard once. (A probe that only
+      // read would find Redis answering, call it up, and the next take would take it down again.)
+      const deadline = performance.now() + 3 * 500 + 100;
+      for (let i = 0; performance.now() < deadline; i++) {
+        expect(await status(`k${i}`)).toBe(503);
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      expect(heard.map((e) => e.state)).toEqual(['down']);
+    } finally {
+      await admin.config('SET', 'maxmemory', '0');
+    }
+    await until(
+      async () => {
+        await status('after');
+        return heard.length === 2;
+      },
+      5_000,
+      'the limiter to hear Redis takes again',
+      50,
+    );
+    expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
+    expect(await status('again')).toBe(200);
+    client.disconnect();
+    admin.disconnect();
+    await own.stop();
+  });
+
   it('probes on the monotonic clock: a wall clock stepped back during an outage delays neither recovery nor Retry-After', async () => {
     const own = await startRedis();
     const client = own.client();

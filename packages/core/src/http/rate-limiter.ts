@@ -65,7 +65,8 @@ export interface RateLimitBaseOptions<Arg> {
    * bucket of the same capacity and rate; `'open'` lets requests through unlimited (no RateLimit fields); `'closed'`
    * answers 503 (code `RATE_LIMIT_UNAVAILABLE`, `Retry-After`). After a failure the limiter stops asking Redis, so
    * requests do not each wait out the timeout, and goes back to it as soon as it answers: at the client's `'ready'`
-   * event after a reconnect, or when a probe (every 500 ms while requests come in) succeeds. No restart needed. A
+   * event after a reconnect, or when a probe (every 500 ms while requests come in: a take of the least cost on the key
+   * that failed last, so that it writes as requests do and asks the same node) succeeds. No restart needed. A
    * bucket key that holds something else (another type, or no number) fails its own requests the same way, without
    * counting as an outage: the other keys keep going to Redis.
    * @default 'memory'
@@ -273,7 +274,7 @@ export class RateLimiter<Arg, H = never> {
       if (!isStoreError(error)) throw error;
       // A key's own data (another type, or no number, under the bucket's name) fails that key alone: Redis still
       // answers the others, so only this request follows onStoreError.
-      if (!isKeyFault(error)) guard.failed(error);
+      if (!isKeyFault(error)) guard.failed(key, error);
       return this.degraded(guard, key, cost, error, home);
     });
   }

@@ -24,8 +24,11 @@ export interface StoreStateEvent {
 
 /** Ms between background probes of a Redis that failed without disconnecting (hung, paused, erroring scripts). */
 export const PROBE_INTERVAL_MS = 500;
-// A key nobody uses: peek() on it reads one absent key and writes nothing.
-const PROBE_KEY = '\u0000hasp:probe';
+// A probe is a take, on the key whose take failed last, of the least cost there is: it costs that bucket a microsecond
+// of refill (the least any take costs). A take rather than a peek, so that it writes as the requests do: a Redis that
+// answers reads but refuses writes (out of memory, a replica after a failover, an ACL) is still down. On that key, so
+// that it asks the node that failed: on a Cluster with one master down, a key of another master would answer.
+const PROBE_COST = Number.MIN_VALUE;
 
 /** True for the error a bucket rejects with when its store failed (checked by code: module copies differ). */
 export function isStoreError(error: unknown): boolean {
@@ -40,6 +43,7 @@ export class StoreGuard {
   // On the monotonic clock: a wall clock stepped back (NTP) would otherwise put off every probe by the size of the step.
   private nextProbe = 0;
   private listening = false;
+  private probeKey = '';
   private fallbackBucket: TokenBucket | undefined;
   // Hooks of the limiters on this bucket: told once per outage, not once per failed request.
   private readonly listeners = new Set<(event: StoreStateEvent) => void>();
@@ -62,8 +66,9 @@ export class StoreGuard {
     this.listeners.add(hook);
   }
 
-  /** Records a store failure: opens the circuit until Redis answers again. */
-  failed(error?: unknown): void {
+  /** Records a failed take of `key`: opens the circuit until Redis answers again (a probe on that key succeeds). */
+  failed(key: string, error?: unknown): void {
+    this.probeKey = key;
     if (!this.down) {
       this.down = true;
       this.nextProbe = performance.now() + PROBE_INTERVAL_MS;
@@ -91,7 +96,7 @@ export class StoreGuard {
 
   private probe(): void {
     this.probing = true;
-    this.bucket.peek(PROBE_KEY).then(
+    this.bucket.take(this.probeKey, PROBE_COST).then(
       () => {
         this.probing = false;
         this.up();
