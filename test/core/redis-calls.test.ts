@@ -614,7 +614,11 @@ describe('Redis calls', () => {
     for (let i = 0; i < 24; i++) {
       const held = await locks.acquire('k');
       const stop = new AbortController();
-      const waiter = locks.acquire('k', { wait: 10_000, signal: stop.signal });
+      // Its outcome is taken at once: an abort settles the acquire at once, while this test still awaits the release.
+      const waiter = locks.acquire('k', { wait: 10_000, signal: stop.signal }).then(
+        (l) => l,
+        (e: unknown) => e,
+      );
       await queued(prefix, 'k', 1, 'the waiter to queue');
       // The abort lands before, with, or after the release's hand-off.
       const release = held.release();
@@ -622,7 +626,7 @@ describe('Redis calls', () => {
       else if (i % 3 === 1) void Promise.resolve().then(() => stop.abort());
       else setImmediate(() => stop.abort());
       expect(await release).toBe(true);
-      const outcome = await within(waiter.then((l) => l, (e: unknown) => e), 2_000, 'the waiter to settle');
+      const outcome = await within(waiter, 2_000, 'the waiter to settle');
       if (outcome instanceof Error) {
         // It gave up: the lock is free for anyone at once, not after its 30 s ttl.
         const next = await within(theirs.acquire('k', { wait: 2_000 }), 3_000, 'another process');
