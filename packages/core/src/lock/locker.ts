@@ -166,12 +166,16 @@ export abstract class BaseLocker implements Locker {
             signal.addEventListener('abort', onAbort, { once: true });
             stopAbortWatch = () => signal.removeEventListener('abort', onAbort);
           });
-    // What an aborted call throws: the signal's reason, once a lock handed to it meanwhile is given back.
-    const abandon = (): unknown => {
-      abandoned = true;
-      if (handed !== undefined) this.handBack(key, handed.grant);
-      return o.signal!.reason;
-    };
+    // What an aborted call throws: the signal's reason, once a lock handed to it meanwhile is given back. (Made only
+    // for a call with a signal: every acquire would pay for the closure.)
+    const abandon =
+      o.signal === undefined
+        ? undefined
+        : (): unknown => {
+            abandoned = true;
+            if (handed !== undefined) this.handBack(key, handed.grant);
+            return o.signal!.reason;
+          };
     try {
       if (queue && this.waitedLately(key)) {
         // A hot key: listen first, so a refused attempt can sleep at once. The usual order (attempt, listen, attempt
@@ -184,7 +188,7 @@ export abstract class BaseLocker implements Locker {
         }
       }
       for (;;) {
-        if (o.signal?.aborted) throw abandon();
+        if (o.signal?.aborted) throw abandon!();
         if (handed !== undefined) {
           const { grant, since } = handed;
           const lease = this.leaseIfLive(key, grant, since, o);
@@ -212,7 +216,7 @@ export abstract class BaseLocker implements Locker {
             ? attempt
             : Promise.race([attempt, ...(handedSignal ? [handedSignal] : []), ...(abortSignal ? [abortSignal] : [])]));
         } catch (error) {
-          if (o.signal?.aborted) throw abandon();
+          if (o.signal?.aborted) throw abandon!();
           if (handed !== undefined) continue;
           storeFailed = true;
           throw error;
@@ -220,7 +224,7 @@ export abstract class BaseLocker implements Locker {
         if (result === ABORTED || o.signal?.aborted) {
           if (result === ABORTED) attempt.then((late) => late.ok && this.handBack(key, late), () => undefined);
           else if (result !== HANDED && result.ok) this.handBack(key, result);
-          throw abandon();
+          throw abandon!();
         }
         if (result === HANDED) continue;
         if (result.ok) {
@@ -249,7 +253,7 @@ export abstract class BaseLocker implements Locker {
         }
         const left = deadline - this.store.now();
         if (left <= 0) return result;
-        if (o.signal?.aborted) throw abandon();
+        if (o.signal?.aborted) throw abandon!();
         if (!listening) {
           // Subscribe, then try again at once: a release between our attempt and the subscription is not missed.
           listening = true;
@@ -273,7 +277,7 @@ export abstract class BaseLocker implements Locker {
           };
           const onAbort = () => {
             done();
-            reject(abandon());
+            reject(abandon!());
           };
           const timer = setTimeout(() => {
             done();
