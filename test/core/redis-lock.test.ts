@@ -1,6 +1,6 @@
 // RedisLock against a real redis-server beyond the shared contract: a dead or frozen server, and where keys and
 // channels live in Redis, and a line whose first waiter went away.
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
   LockLostError,
@@ -8,6 +8,7 @@ import {
   RedisLock,
   type LockErrorEvent,
 } from '../../packages/core/src/index.js';
+import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { FREE_HEAD_GRACE_MS } from '../../packages/core/src/lock/scripts.lua.js';
@@ -244,6 +245,33 @@ describe('RedisLock when Redis fails', () => {
     // The attempt runs as the server thaws and takes the lock for 30 s, for nobody: it is given back.
     expect(await redis.exists(name)).toBe(1);
     await until(async () => (await redis.exists(name)) === 0, 2_000, 'the late grant to be given back');
+  });
+
+  it('settles an aborted acquire at once while its subscription to wake-ups goes unanswered', async () => {
+    const prefix = uniquePrefix('abort-listen');
+    const proxy = await startProxy(node.port);
+    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
+    client.on('error', () => undefined);
+    const locks = new RedisLock(client, { prefix });
+    try {
+      const held = await locker({ prefix }).locks.acquire('k');
+      // The waiter's SUBSCRIBE (on the wake-up connection, a copy of its client, through the proxy) is never answered.
+      proxy.swallowRepliesAfter('subscribe');
+      const controller = new AbortController();
+      const acquiring = rejection(locks.acquire('k', { wait: 10_000, signal: controller.signal }));
+      await within(proxy.sent('subscribe'), 3_000, 'the waiter to subscribe');
+      const reason = new Error('the client went away');
+      const aborted = performance.now();
+      controller.abort(reason);
+      // Not after the subscription's 2 s timeout.
+      expect(await within(acquiring, 3_000, 'the aborted acquire')).toBe(reason);
+      expect(performance.now() - aborted).toBeLessThan(200);
+      expect(await held.release()).toBe(true);
+    } finally {
+      locks.close();
+      client.disconnect();
+      await proxy.close();
+    }
   });
 
   it('fails within the default 2 s timeout on a frozen server, well before ioredis gives up', async () => {

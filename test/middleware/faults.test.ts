@@ -380,6 +380,40 @@ describe('onStoreState', () => {
     await own.stop();
   });
 
+  it('comes back when the key that failed last holds something else: its probe meets a key fault, so Redis answers', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    const admin = own.client();
+    await Promise.all([ready(client), ready(admin)]);
+    const heard: StoreStateEvent[] = [];
+    const bucket = new TokenBucket({ capacity: 5, rate: '1/h', redis: client, prefix: 'hasp:tb:probe-fault:', timeout: 300 });
+    const limiter = new RateLimiter({ bucket, key: (a: { key: string }) => a.key, onStoreState: (e) => void heard.push(e) }, () => undefined);
+    await admin.hset(bucketKey(bucket, 'hasp:tb:probe-fault:', 'bad'), 'f', '1');
+    own.pause();
+    try {
+      // Unanswered, not a key fault: down, and the probes take that key from now on ('memory' answers meanwhile).
+      expect((await limiter.check({ key: 'bad' }))?.allowed).toBe(true);
+      expect(heard.map((e) => e.state)).toEqual(['down']);
+    } finally {
+      own.resume();
+    }
+    // The connection never dropped (no 'ready'): only a probe can bring the limiter back, and its key answers WRONGTYPE.
+    await until(
+      async () => {
+        await limiter.check({ key: 'good' });
+        return heard.length === 2;
+      },
+      5_000,
+      'the limiter to hear Redis is back',
+      50,
+    );
+    expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
+    expect(await admin.exists(bucketKey(bucket, 'hasp:tb:probe-fault:', 'good'))).toBe(1);
+    client.disconnect();
+    admin.disconnect();
+    await own.stop();
+  });
+
   it('probes on the monotonic clock: a wall clock stepped back during an outage delays neither recovery nor Retry-After', async () => {
     const own = await startRedis();
     const client = own.client();

@@ -447,6 +447,31 @@ describe('Redlock without a quorum', () => {
     await noLockLeft(prefix, 'k', 'the late grants to be handed back');
   });
 
+  it('leaves no aborted waiter in the line: its rounds that go on after the abort do not put it back ahead of others', async () => {
+    const prefix = freshPrefix('abort-line');
+    // Refused rounds go on for about a second after the abort, each putting the waiter's place in the line.
+    const { locker } = redlock({ prefix, nodeTimeout: 100, retryCount: 3, retryDelay: 150 });
+    const holder = redlock({ prefix }).locker;
+    const next = redlock({ prefix }).locker;
+    const held = await holder.acquire('k', { ttl: 30_000 });
+    await onEveryNode(prefix, 'k');
+    nodes.pause([1, 2, 3]);
+    const controller = new AbortController();
+    const acquiring = rejection(locker.acquire('k', { wait: 10_000, signal: controller.signal }));
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    controller.abort(new Error('gave up'));
+    expect(await within(acquiring, 1_000, 'the aborted acquire')).toMatchObject({ message: 'gave up' });
+    // Past its last round (4 × 100 ms + 3 × 150–300 ms after the first), and what follows it.
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    nodes.resume([1, 2, 3]);
+    expect(await held.release()).toBe(true);
+    // A place left in the line would hold up the free lock for its grace (about a second).
+    const t = await timed(() => within(next.acquire('k', { wait: 5_000 }), 6_000, 'the next waiter'));
+    expect(t.error).toBeUndefined();
+    expect(t.ms).toBeLessThan(500);
+    await (t.value as Lease).release();
+  });
+
   it('counts a lease from the round that won it: a grant after retries is live, not already expired', async () => {
     const prefix = freshPrefix('late-round');
     // Rounds of 100 ms one right after the other: the fourth starts ~305 ms after the first.

@@ -10,7 +10,7 @@ import * as v from '../util/validate.js';
 import { rateLimitedError, rateLimitUnavailableError, type MiddlewareHttpError } from './errors.js';
 import { appendListMember, POLICY_FIELD, RATELIMIT_FIELD, RateLimitFields, RETRY_AFTER_FIELD } from './fields.js';
 import { callCost, callKey, type CostFunction, type KeyFunction } from './inputs.js';
-import { isStoreError, storeGuard, type BucketLike, type StoreGuard, type StoreStateEvent } from './store-guard.js';
+import { isKeyFault, isStoreError, storeGuard, type BucketLike, type StoreGuard, type StoreStateEvent } from './store-guard.js';
 import { checkOptionNames, optionErrors } from './options.js';
 
 /** What to do when the bucket's Redis fails. */
@@ -323,13 +323,6 @@ export class RateLimiter<Arg, H = never> {
   }
 }
 
-// The replies of the bucket scripts for a key that holds something else (bucket.lua.ts), kept as the error's cause.
-const KEY_FAULT = /^(?:WRONGTYPE|ERR hasp: a token bucket key)/;
-
-function isKeyFault(error: unknown): boolean {
-  const cause = (error as { cause?: unknown }).cause;
-  return cause instanceof Error && KEY_FAULT.test(cause.message);
-}
 
 function checkBucket(value: unknown): BucketLike {
   const b = value as Partial<BucketLike> | null;

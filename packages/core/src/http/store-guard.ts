@@ -35,6 +35,15 @@ export function isStoreError(error: unknown): boolean {
   return (error as { code?: unknown } | null)?.code === 'RATE_LIMIT_UNAVAILABLE';
 }
 
+// The replies of the bucket scripts for a key that holds something else (bucket.lua.ts), kept as the error's cause.
+const KEY_FAULT = /^(?:WRONGTYPE|ERR hasp: a token bucket key)/;
+
+/** True for a store error that is the key's own (its data is not a bucket): Redis answered, and fails that key alone. */
+export function isKeyFault(error: unknown): boolean {
+  const cause = (error as { cause?: unknown }).cause;
+  return cause instanceof Error && KEY_FAULT.test(cause.message);
+}
+
 /** The circuit of one bucket; shared by every middleware using that bucket. */
 export class StoreGuard {
   /** True while Redis is considered down: requests go to the onStoreError policy without trying Redis. */
@@ -101,9 +110,11 @@ export class StoreGuard {
         this.probing = false;
         this.up();
       },
-      () => {
+      (error: unknown) => {
         this.probing = false;
-        this.nextProbe = performance.now() + PROBE_INTERVAL_MS;
+        // The probe's key holds something else (it failed last by timing out): Redis answered all the same.
+        if (isKeyFault(error)) this.up();
+        else this.nextProbe = performance.now() + PROBE_INTERVAL_MS;
       },
     );
   }

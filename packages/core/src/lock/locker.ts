@@ -176,16 +176,26 @@ export abstract class BaseLocker implements Locker {
             if (handed !== undefined) this.handBack(key, handed.grant);
             return o.signal!.reason;
           };
+    // Subscribes to the key's wake-ups: how to stop, undefined when they are unavailable (the waiter polls, without
+    // trying to listen again), or ABORTED when the signal aborted first (a subscription made after is stopped).
+    const listen = async (): Promise<(() => void) | undefined | typeof ABORTED> => {
+      const subscribing = this.store.listen(key, onWake).then(
+        (stop) => stop,
+        () => undefined,
+      );
+      if (abortSignal === undefined) return subscribing;
+      const first = await Promise.race([subscribing, abortSignal]);
+      if (first === ABORTED) void subscribing.then((stop) => stop?.());
+      return first;
+    };
     try {
       if (queue && this.waitedLately(key)) {
         // A hot key: listen first, so a refused attempt can sleep at once. The usual order (attempt, listen, attempt
         // again) needs the second attempt because a release between the first and the subscription would be missed.
         listening = true;
-        try {
-          stopListening = await this.store.listen(key, onWake);
-        } catch {
-          stopListening = undefined; // wake-ups unavailable: poll (without trying to listen again)
-        }
+        const subscribed = await listen();
+        if (subscribed === ABORTED) throw abandon!();
+        stopListening = subscribed;
       }
       for (;;) {
         if (o.signal?.aborted) throw abandon!();
@@ -222,7 +232,15 @@ export abstract class BaseLocker implements Locker {
           throw error;
         }
         if (result === ABORTED || o.signal?.aborted) {
-          if (result === ABORTED) attempt.then((late) => late.ok && this.handBack(key, late), () => undefined);
+          // The abandoned attempt goes on (Redlock retries its rounds, each putting this waiter back in the line):
+          // once it settles, a grant is given back, and otherwise the line is left again after its last round.
+          if (result === ABORTED) {
+            const after = (late: AttemptResult | undefined) => {
+              if (late?.ok) this.handBack(key, late);
+              else if (queue) this.store.leave(key, token).catch(() => undefined);
+            };
+            attempt.then(after, () => after(undefined));
+          }
           else if (result !== HANDED && result.ok) this.handBack(key, result);
           throw abandon!();
         }
@@ -258,12 +276,10 @@ export abstract class BaseLocker implements Locker {
           // Subscribe, then try again at once: a release between our attempt and the subscription is not missed.
           listening = true;
           this.noteWait(key);
-          try {
-            stopListening = await this.store.listen(key, onWake);
-            continue;
-          } catch {
-            stopListening = undefined; // wake-ups unavailable: poll
-          }
+          const subscribed = await listen();
+          if (subscribed === ABORTED) throw abandon!();
+          stopListening = subscribed;
+          if (subscribed !== undefined) continue;
         }
         if (woken) continue;
         const poll = stopListening ? (this.store.pollMs ?? MAX_POLL_MS) : FALLBACK_POLL_MS;
