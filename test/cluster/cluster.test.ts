@@ -14,7 +14,7 @@ import {
 } from '../../packages/core/src/index.js';
 import { RateLimiter } from '../../packages/core/src/http/rate-limiter.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
-import { keyStem } from '../../packages/core/src/redis/keys.js';
+import { hashSlot, keyStem } from '../../packages/core/src/redis/keys.js';
 import { startCluster, startRedisNodes, stopAll, type RedisCluster, type RedisNode } from '../harness/redis.js';
 import { lockContract } from '../core/lock-contract.js';
 import { expectInvalid, uniquePrefix, until, within } from '../core/helpers.js';
@@ -94,6 +94,15 @@ describe('hash slots on a Cluster', () => {
         locks.close();
         other.close();
       }
+    });
+  });
+
+  it('computes the hash slot of a name as the server does (the rate limiter uses it for its circuit per master)', async () => {
+    await withClient(async (client) => {
+      const names = ['', 'a', 'hasp:tb:p:{user:1}:3kx9a', '{}', '{}x', 'x{}y{z}', '{a}{b}', 'a{b', 'a}b{c}', 'é{ü€😀}', '😀', '\u0000{\n}'];
+      for (let i = 0; i < 50; i++) names.push(`k:${i}:${'x'.repeat(i)}`);
+      const expected = await Promise.all(names.map((n) => slotOf(client, n)));
+      expect(names.map(hashSlot)).toEqual(expected);
     });
   });
 

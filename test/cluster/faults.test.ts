@@ -4,6 +4,7 @@
 import { Redis, type Cluster } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RedisLock, TokenBucket, type HaspErrorCode } from '../../packages/core/src/index.js';
+import { RateLimiter, type StoreStateEvent } from '../../packages/core/src/http/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { keyStem } from '../../packages/core/src/redis/keys.js';
 import { startCluster, stopAll, type RedisCluster } from '../harness/redis.js';
@@ -323,5 +324,61 @@ describe('Cluster failover under traffic', () => {
     expect(unhandled.reasons).toEqual([]);
     expect(traffic.ops.total(/ (LOCK_UNAVAILABLE|RATE_LIMIT_UNAVAILABLE)$/)).toBeGreaterThan(0);
     expect(traffic.recovered(victimKey!, promotedAt)).toBe(true);
+  });
+});
+
+describe('the rate limiter on a Cluster with one master frozen', () => {
+  it("sends only that master's keys to its policy: the other masters keep answering theirs, and the outage is heard once", async () => {
+    const client = cluster.client();
+    const heard: StoreStateEvent[] = [];
+    const limiter = new RateLimiter(
+      {
+        capacity: 100,
+        rate: '100/min',
+        redis: client,
+        policy: uniquePrefix('circuits'),
+        key: (a: { key: string }) => a.key,
+        onStoreError: 'closed',
+        onStoreState: (e) => void heard.push(e),
+      },
+      () => undefined,
+    );
+    const status = (key: string): Promise<number | undefined> =>
+      limiter.check({ key }).then(
+        (d) => (d?.allowed ? 200 : 429),
+        (e: { status?: number }) => e.status,
+      );
+    // A bucket's slot is its key's (the hash tag); one key per master.
+    const placed = [...(await keysPerMaster(client, 'rl', (k) => keyStem('p', k))).entries()];
+    const [frozenPort, [frozenKey]] = placed[0]!;
+    const others = placed.slice(1).map(([, [key]]) => key!);
+    for (const key of [frozenKey!, ...others]) expect(await status(key)).toBe(200);
+    const node = cluster.nodes.find((n) => n.port === frozenPort)!;
+    node.pause();
+    try {
+      // Unanswered within the bucket's 2 s timeout: 503, and down.
+      expect(await status(frozenKey!)).toBe(503);
+      expect(heard.map((e) => e.state)).toEqual(['down']);
+      // The other masters' keys still go to Redis (they used to follow the policy too: 503 under 'closed').
+      for (const key of others) expect(await status(key)).toBe(200);
+      // The frozen master's keys are refused by their circuit at once, not after another timeout.
+      const refused = performance.now();
+      expect(await status(frozenKey!)).toBe(503);
+      expect(performance.now() - refused).toBeLessThan(500);
+    } finally {
+      node.resume();
+    }
+    await until(
+      async () => {
+        await status(frozenKey!);
+        return heard.length === 2;
+      },
+      10_000,
+      "the frozen master's circuit to close",
+      50,
+    );
+    expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
+    expect(await status(frozenKey!)).toBe(200);
+    client.disconnect();
   });
 });

@@ -2,7 +2,7 @@
 // adapters, which only read the request's key and write the result.
 import { assertClient } from '../lock/redis-lock.js';
 import { parseRate } from '../rate-limit/rate.js';
-import { Taken, type BucketStore, type TakeHome } from '../rate-limit/bucket-store.js';
+import { RedisBucketStore, Taken, type BucketStore, type TakeHome } from '../rate-limit/bucket-store.js';
 import { storeOf, TokenBucket } from '../rate-limit/token-bucket.js';
 import { encodePrefixPart } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
@@ -66,7 +66,8 @@ export interface RateLimitBaseOptions<Arg> {
    * answers 503 (code `RATE_LIMIT_UNAVAILABLE`, `Retry-After`). After a failure the limiter stops asking Redis, so
    * requests do not each wait out the timeout, and goes back to it as soon as it answers: at the client's `'ready'`
    * event after a reconnect, or when a probe (every 500 ms while requests come in: a take of the least cost on the key
-   * that failed last, so that it writes as requests do and asks the same node) succeeds. No restart needed. A
+   * that failed last, so that it writes as requests do and asks the same node) succeeds. On a Cluster, each master
+   * has its own circuit: only the failing master's keys follow the policy. No restart needed. A
    * bucket key that holds something else (another type, or no number) fails its own requests the same way, without
    * counting as an outage: the other keys keep going to Redis.
    * @default 'memory'
@@ -217,8 +218,9 @@ export class RateLimiter<Arg, H = never> {
     this.onStoreError = resolved.onStoreError;
     this.headers = resolved.headers;
     this.handler = resolved.handler;
-    this.guard = storeGuard(this.bucket);
     this.store = storeOf(this.bucket);
+    const store = this.store;
+    this.guard = storeGuard(this.bucket, store instanceof RedisBucketStore ? (key) => store.name(key) : undefined);
     if (resolved.onStoreState !== undefined) this.guard?.listen(resolved.onStoreState);
   }
 
@@ -269,7 +271,7 @@ export class RateLimiter<Arg, H = never> {
   private take(key: string, cost: number, home: object | undefined): Promise<Decision | undefined> {
     const guard = this.guard;
     if (guard === undefined) return this.takeFrom(this.bucket, this.store, key, cost, home);
-    if (!guard.usable()) return this.degraded(guard, key, cost, undefined, home);
+    if (!guard.usable(key)) return this.degraded(guard, key, cost, undefined, home);
     return this.takeFrom(this.bucket, this.store, key, cost, home).then(undefined, (error: unknown) => {
       if (!isStoreError(error)) throw error;
       // A key's own data (another type, or no number, under the bucket's name) fails that key alone: Redis still
@@ -318,7 +320,7 @@ export class RateLimiter<Arg, H = never> {
       case 'open':
         return Promise.resolve(undefined);
       default:
-        return this.failed(home, rateLimitUnavailableError(guard.retryAfter(), cause ?? new Error('rate-limit store is down')));
+        return this.failed(home, rateLimitUnavailableError(guard.retryAfter(key), cause ?? new Error('rate-limit store is down')));
     }
   }
 }

@@ -1,8 +1,10 @@
-// What a rate limiter does while its Redis is failing: a circuit per bucket that stops sending requests to a Redis that
-// just failed, hands them to the onStoreError policy (with a per-process fallback bucket for 'memory'), and goes back
-// to Redis as soon as it answers: at once on the client's 'ready' event, or when a background probe succeeds.
+// What a rate limiter does while its Redis is failing: a circuit per bucket (per master on a Cluster) that stops sending
+// requests to a Redis that just failed, hands them to the onStoreError policy (with a per-process fallback bucket for
+// 'memory'), and goes back to Redis as soon as it answers: at once on the client's 'ready' event, or when a background
+// probe succeeds.
 import { TokenBucket } from '../rate-limit/token-bucket.js';
 import { onNext, type EventSource } from '../redis/events.js';
+import { hashSlot } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
 
 /** What the middleware needs of a bucket; a {@link TokenBucket} from either module format fits. */
@@ -44,29 +46,58 @@ export function isKeyFault(error: unknown): boolean {
   return cause instanceof Error && KEY_FAULT.test(cause.message);
 }
 
-/** The circuit of one bucket; shared by every middleware using that bucket. */
-export class StoreGuard {
-  /** True while Redis is considered down: requests go to the onStoreError policy without trying Redis. */
-  private down = false;
-  private probing = false;
+/** One open circuit: requests it covers follow the policy until a probe (or the client's 'ready') closes it. */
+interface Circuit {
+  probing: boolean;
   // On the monotonic clock: a wall clock stepped back (NTP) would otherwise put off every probe by the size of the step.
-  private nextProbe = 0;
+  nextProbe: number;
+  /** The key whose take failed last here: probes take from it, so that they ask the node that failed. */
+  probeKey: string;
+}
+
+/**
+ * The circuits of one bucket; shared by every middleware using that bucket. On a standalone client there is one; on a
+ * Cluster, one per master (as the client's slot map has it when a take fails), so that a master that fails sends only
+ * its own keys to the policy while the other masters keep answering theirs.
+ */
+export class StoreGuard {
+  /** Open circuits, by master ('host:port'; '' for a standalone client, or a Cluster whose slots are not known yet). */
+  private readonly open = new Map<string, Circuit>();
   private listening = false;
-  private probeKey = '';
   private fallbackBucket: TokenBucket | undefined;
-  // Hooks of the limiters on this bucket: told once per outage, not once per failed request.
+  // Hooks of the limiters on this bucket: told once per outage (from the first circuit opened to the last one closed),
+  // not once per failed request.
   private readonly listeners = new Set<(event: StoreStateEvent) => void>();
   private readonly onReady = (): void => {
     this.listening = false;
-    this.up();
+    if (this.open.size === 0) return;
+    this.open.clear();
+    this.tell({ state: 'up' });
   };
+  // A Cluster client's slot map, and the Redis name of a key's bucket (with the client's keyPrefix): what it takes to
+  // know which master serves a key. Undefined on a standalone client, or for a bucket hasp did not make.
+  private readonly slots: (() => readonly (readonly string[] | undefined)[]) | undefined;
+  private readonly nameOf: ((key: string) => string) | undefined;
 
-  constructor(private readonly bucket: BucketLike) {}
+  constructor(
+    private readonly bucket: BucketLike,
+    nameOf?: (key: string) => string,
+  ) {
+    const client = bucket.redis as { isCluster?: unknown; slots?: unknown; options?: { keyPrefix?: unknown } } | undefined;
+    if (client?.isCluster === true && Array.isArray(client.slots) && nameOf !== undefined) {
+      const keyPrefix = typeof client.options?.keyPrefix === 'string' ? client.options.keyPrefix : '';
+      this.slots = () => client.slots as (string[] | undefined)[];
+      this.nameOf = (key) => keyPrefix + nameOf(key);
+    }
+  }
 
-  /** Whether to send this request to Redis. While down, may start a background probe (at most one at a time). */
-  usable(): boolean {
-    if (!this.down) return true;
-    if (!this.probing && performance.now() >= this.nextProbe) this.probe();
+  /** Whether to send a take of `key` to Redis. While its circuit is open, may start a probe (one at a time per circuit). */
+  usable(key: string): boolean {
+    if (this.open.size === 0) return true;
+    const id = this.circuitOf(key);
+    const c = this.open.get(id);
+    if (c === undefined) return true;
+    if (!c.probing && performance.now() >= c.nextProbe) this.probe(id, c);
     return false;
   }
 
@@ -75,13 +106,14 @@ export class StoreGuard {
     this.listeners.add(hook);
   }
 
-  /** Records a failed take of `key`: opens the circuit until Redis answers again (a probe on that key succeeds). */
+  /** Records a failed take of `key`: opens its circuit until Redis answers again (a probe on that key succeeds). */
   failed(key: string, error?: unknown): void {
-    this.probeKey = key;
-    if (!this.down) {
-      this.down = true;
-      this.nextProbe = performance.now() + PROBE_INTERVAL_MS;
-      this.tell({ state: 'down', error });
+    const id = this.circuitOf(key);
+    const c = this.open.get(id);
+    if (c !== undefined) c.probeKey = key;
+    else {
+      this.open.set(id, { probing: false, nextProbe: performance.now() + PROBE_INTERVAL_MS, probeKey: key });
+      if (this.open.size === 1) this.tell({ state: 'down', error });
     }
     const redis = this.bucket.redis as EventSource | undefined;
     if (!this.listening && typeof redis?.once === 'function') {
@@ -98,31 +130,37 @@ export class StoreGuard {
     return this.fallbackBucket;
   }
 
-  /** Seconds until the next probe: the Retry-After of a 503 under the 'closed' policy. */
-  retryAfter(): number {
-    return Math.max(1, Math.ceil((this.nextProbe - performance.now()) / 1_000));
+  /** Seconds until the next probe of `key`'s circuit: the Retry-After of a 503 under the 'closed' policy. */
+  retryAfter(key: string): number {
+    const c = this.open.get(this.circuitOf(key));
+    return c === undefined ? 1 : Math.max(1, Math.ceil((c.nextProbe - performance.now()) / 1_000));
   }
 
-  private probe(): void {
-    this.probing = true;
-    this.bucket.take(this.probeKey, PROBE_COST).then(
+  private circuitOf(key: string): string {
+    if (this.slots === undefined) return '';
+    return this.slots()[hashSlot(this.nameOf!(key))]?.[0] ?? '';
+  }
+
+  private probe(id: string, c: Circuit): void {
+    c.probing = true;
+    this.bucket.take(c.probeKey, PROBE_COST).then(
       () => {
-        this.probing = false;
-        this.up();
+        c.probing = false;
+        this.close(id, c);
       },
       (error: unknown) => {
-        this.probing = false;
+        c.probing = false;
         // The probe's key holds something else (it failed last by timing out): Redis answered all the same.
-        if (isKeyFault(error)) this.up();
-        else this.nextProbe = performance.now() + PROBE_INTERVAL_MS;
+        if (isKeyFault(error)) this.close(id, c);
+        else c.nextProbe = performance.now() + PROBE_INTERVAL_MS;
       },
     );
   }
 
-  private up(): void {
-    if (!this.down) return;
-    this.down = false;
-    this.tell({ state: 'up' });
+  private close(id: string, c: Circuit): void {
+    if (this.open.get(id) !== c) return;
+    this.open.delete(id);
+    if (this.open.size === 0) this.tell({ state: 'up' });
   }
 
   private tell(event: StoreStateEvent): void {
@@ -138,12 +176,15 @@ export class StoreGuard {
 
 const guards = new WeakMap<BucketLike, StoreGuard>();
 
-/** The circuit of `bucket`, created on first use; undefined for in-memory buckets, which cannot fail. */
-export function storeGuard(bucket: BucketLike): StoreGuard | undefined {
+/**
+ * The circuits of `bucket`, created on first use; undefined for in-memory buckets, which cannot fail. `nameOf`: the
+ * Redis name of a key's bucket, which a Cluster's circuits need (a bucket hasp made); without it, one circuit.
+ */
+export function storeGuard(bucket: BucketLike, nameOf?: (key: string) => string): StoreGuard | undefined {
   if (bucket.redis === undefined) return undefined;
   let guard = guards.get(bucket);
   if (!guard) {
-    guard = new StoreGuard(bucket);
+    guard = new StoreGuard(bucket, nameOf);
     guards.set(bucket, guard);
   }
   return guard;

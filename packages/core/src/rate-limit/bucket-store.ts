@@ -148,7 +148,7 @@ export class RedisBucketStore implements BucketStore {
   }
 
   /** The Redis name of `key`'s bucket (see {@link bucketName}). */
-  private name(key: string): string {
+  name(key: string): string {
     return keyStem(this.prefix, key) + this.suffix;
   }
 

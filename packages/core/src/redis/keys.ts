@@ -59,3 +59,22 @@ export function checkPrefix(prefix: unknown): string {
 export function encodePrefixPart(name: string): string {
   return encodeKey(name).replaceAll('{', '%7B');
 }
+
+/**
+ * The Redis Cluster hash slot of a key name, as the server computes it: CRC16 (XMODEM) of its UTF-8 bytes, or of the
+ * bytes between its first '{' and the first '}' after it when those enclose something, modulo 16384.
+ */
+export function hashSlot(name: string): number {
+  let bytes = Buffer.from(name);
+  const open = bytes.indexOf(0x7b);
+  if (open >= 0) {
+    const close = bytes.indexOf(0x7d, open + 1);
+    if (close > open + 1) bytes = bytes.subarray(open + 1, close);
+  }
+  let crc = 0;
+  for (const byte of bytes) {
+    crc ^= byte << 8;
+    for (let i = 0; i < 8; i++) crc = crc & 0x8000 ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  }
+  return crc % 16384;
+}
