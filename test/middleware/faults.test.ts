@@ -16,6 +16,22 @@ import { FRAMEWORKS, framework, get, type Framework, type Response, type Running
  */
 const BOUND_MS = 4_000;
 
+/**
+ * Sends requests (`poke`, every 50 ms) until the limiter's hook has heard its outage end (`heard` holds 'down' and
+ * 'up'): with no reconnect, only a probe started by a request can bring it back.
+ */
+function heardBack(heard: readonly StoreStateEvent[], poke: () => Promise<unknown>, what: string): Promise<void> {
+  return until(
+    async () => {
+      await poke();
+      return heard.length === 2;
+    },
+    5_000,
+    what,
+    50,
+  );
+}
+
 let node: RedisNode;
 /** An app client on ioredis's default options (offline queue on, 20 retries per request). */
 let redis: Redis;
@@ -320,15 +336,7 @@ describe('onStoreState', () => {
       own.resume();
     }
     // The connection never dropped, so no 'ready': a probe (sent while requests come in) finds Redis answering.
-    await until(
-      async () => {
-        await limiter.check({});
-        return heard.length === 2;
-      },
-      5_000,
-      'the limiter to hear Redis is back',
-      50,
-    );
+    await heardBack(heard, () => limiter.check({}), 'the limiter to hear Redis is back');
     expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
     client.disconnect();
     await own.stop();
@@ -364,15 +372,7 @@ describe('onStoreState', () => {
     } finally {
       await admin.config('SET', 'maxmemory', '0');
     }
-    await until(
-      async () => {
-        await status('after');
-        return heard.length === 2;
-      },
-      5_000,
-      'the limiter to hear Redis takes again',
-      50,
-    );
+    await heardBack(heard, () => status('after'), 'the limiter to hear Redis takes again');
     expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
     expect(await status('again')).toBe(200);
     client.disconnect();
@@ -398,15 +398,7 @@ describe('onStoreState', () => {
       own.resume();
     }
     // The connection never dropped (no 'ready'): only a probe can bring the limiter back, and its key answers WRONGTYPE.
-    await until(
-      async () => {
-        await limiter.check({ key: 'good' });
-        return heard.length === 2;
-      },
-      5_000,
-      'the limiter to hear Redis is back',
-      50,
-    );
+    await heardBack(heard, () => limiter.check({ key: 'good' }), 'the limiter to hear Redis is back');
     expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
     expect(await admin.exists(bucketKey(bucket, 'hasp:tb:probe-fault:', 'good'))).toBe(1);
     client.disconnect();
@@ -435,15 +427,7 @@ describe('onStoreState', () => {
       own.resume();
     }
     try {
-      await until(
-        async () => {
-          await limiter.check({}).catch(() => undefined);
-          return heard.length === 2;
-        },
-        5_000,
-        'the limiter to hear Redis is back',
-        50,
-      );
+      await heardBack(heard, () => limiter.check({}).catch(() => undefined), 'the limiter to hear Redis is back');
       expect((await limiter.check({}))?.allowed).toBe(true);
     } finally {
       vi.restoreAllMocks();
