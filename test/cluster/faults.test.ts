@@ -325,6 +325,50 @@ describe('Cluster failover under traffic', () => {
     expect(traffic.ops.total(/ (LOCK_UNAVAILABLE|RATE_LIMIT_UNAVAILABLE)$/)).toBeGreaterThan(0);
     expect(traffic.recovered(victimKey!, promotedAt)).toBe(true);
   });
+
+  it("closes a failed master's rate-limit circuit once its replica has taken over: the limiter hears Redis back", async () => {
+    const admin = replicated.client();
+    const client = replicated.client();
+    try {
+      const view = await masters(admin);
+      const nodesView = ((await admin.cluster('NODES')) as string).trim().split('\n').map((line) => line.split(' '));
+      // A master whose replica is up (the test before left one master without).
+      const victimInfo = view.find(
+        (m) => m.ranges.length > 0 && nodesView.some((f) => f[2]!.includes('slave') && !f[2]!.includes('fail') && f[3] === m.id),
+      )!;
+      let key = '';
+      for (let i = 0; key === ''; i++) {
+        if (ownerOf(view, await slotOf(admin, keyStem('p', `circuit-failover:${i}`))) === victimInfo.port) key = `circuit-failover:${i}`;
+      }
+      const heard: StoreStateEvent[] = [];
+      const limiter = new RateLimiter(
+        {
+          // Probes that fail fast while the master is dead: when the replica takes over, none is on its way to succeed there.
+          bucket: new TokenBucket({ capacity: 100, rate: '100/min', redis: client, prefix: uniquePrefix('cfo'), timeout: 200 }),
+          key: (a: { key: string }) => a.key,
+          onStoreState: (e) => void heard.push(e),
+        },
+        () => undefined,
+      );
+      expect((await limiter.check({ key }))?.allowed).toBe(true);
+      await replicated.nodes.find((n) => n.port === victimInfo.port)!.kill();
+      // Its circuit opens; once the replica serves the slots, the key maps to the new master, whose circuit is closed,
+      // and only a probe of the old one can tell that Redis answers again.
+      await until(
+        async () => {
+          await limiter.check({ key });
+          return heard.length === 2;
+        },
+        25_000,
+        'the limiter to hear Redis back after the failover',
+        100,
+      );
+      expect(heard.map((e) => e.state)).toEqual(['down', 'up']);
+    } finally {
+      admin.disconnect();
+      client.disconnect();
+    }
+  });
 });
 
 describe('the rate limiter on a Cluster with one master frozen', () => {

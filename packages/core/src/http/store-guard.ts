@@ -91,14 +91,16 @@ export class StoreGuard {
     }
   }
 
-  /** Whether to send a take of `key` to Redis. While its circuit is open, may start a probe (one at a time per circuit). */
+  /**
+   * Whether to send a take of `key` to Redis. While circuits are open, starts the probes that are due (one at a time
+   * per circuit): every circuit's, not only `key`'s, since after a failover no key maps to the failed master any more
+   * and its circuit would otherwise stay open, unheard, for good. A probe's take goes wherever its key lives now.
+   */
   usable(key: string): boolean {
     if (this.open.size === 0) return true;
-    const id = this.circuitOf(key);
-    const c = this.open.get(id);
-    if (c === undefined) return true;
-    if (!c.probing && performance.now() >= c.nextProbe) this.probe(id, c);
-    return false;
+    const now = performance.now();
+    for (const [id, c] of this.open) if (!c.probing && now >= c.nextProbe) this.probe(id, c);
+    return !this.open.has(this.circuitOf(key));
   }
 
   /** Adds a hook told when the store goes down and comes back (see {@link StoreStateEvent}). */
