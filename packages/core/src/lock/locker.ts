@@ -237,7 +237,8 @@ export abstract class BaseLocker implements Locker {
           if (result === ABORTED) {
             const after = (late: AttemptResult | undefined) => {
               if (late?.ok) this.handBack(key, late);
-              else if (queue) this.store.leave(key, token).catch(() => undefined);
+              // A grant by reentry leaves the waiter in the line too (see `reentered`).
+              if (queue && (!late?.ok || late.nested === true)) this.store.leave(key, token).catch(() => undefined);
             };
             attempt.then(after, () => after(undefined));
           }
