@@ -325,7 +325,6 @@ export class RateLimiter<Arg, H = never> {
   }
 }
 
-
 function checkBucket(value: unknown): BucketLike {
   const b = value as Partial<BucketLike> | null;
   if (

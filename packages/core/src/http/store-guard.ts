@@ -74,10 +74,9 @@ export class StoreGuard {
     this.open.clear();
     this.tell({ state: 'up' });
   };
-  // A Cluster client's slot map, and the Redis name of a key's bucket (with the client's keyPrefix): what it takes to
-  // know which master serves a key. Undefined on a standalone client, or for a bucket hasp did not make.
-  private readonly slots: (() => readonly (readonly string[] | undefined)[]) | undefined;
-  private readonly nameOf: ((key: string) => string) | undefined;
+  // The master that serves a key now, from a Cluster client's slot map and the Redis name of the key's bucket (with the
+  // client's keyPrefix). Undefined on a standalone client, or for a bucket hasp did not make.
+  private readonly masterOf: ((key: string) => string) | undefined;
 
   constructor(
     private readonly bucket: BucketLike,
@@ -86,8 +85,8 @@ export class StoreGuard {
     const client = bucket.redis as { isCluster?: unknown; slots?: unknown; options?: { keyPrefix?: unknown } } | undefined;
     if (client?.isCluster === true && Array.isArray(client.slots) && nameOf !== undefined) {
       const keyPrefix = typeof client.options?.keyPrefix === 'string' ? client.options.keyPrefix : '';
-      this.slots = () => client.slots as (string[] | undefined)[];
-      this.nameOf = (key) => keyPrefix + nameOf(key);
+      // Read at each call: ioredis updates the map as slots move.
+      this.masterOf = (key) => (client.slots as (string[] | undefined)[])[hashSlot(keyPrefix + nameOf(key))]?.[0] ?? '';
     }
   }
 
@@ -139,8 +138,7 @@ export class StoreGuard {
   }
 
   private circuitOf(key: string): string {
-    if (this.slots === undefined) return '';
-    return this.slots()[hashSlot(this.nameOf!(key))]?.[0] ?? '';
+    return this.masterOf?.(key) ?? '';
   }
 
   private probe(id: string, c: Circuit): void {

@@ -151,7 +151,7 @@ export class LeaseImpl implements Lease {
       throw error;
     }
     if (this.ended) {
-      // A release meanwhile ended it: this extension counted, and the release that waited for it frees the lock.
+      // A release meanwhile ended it: this extension counted, and the release (Redis runs it after) frees the lock.
       if (this.releasing !== undefined || this.released) return;
       // It reached its end while the extension was on its way, and its holder has been told it is lost: Redis's new
       // ttl serves nobody, so hand the lock back rather than leave the key held for it.

@@ -241,8 +241,7 @@ export abstract class BaseLocker implements Locker {
               if (queue && (!late?.ok || late.nested === true)) this.store.leave(key, token).catch(() => undefined);
             };
             attempt.then(after, () => after(undefined));
-          }
-          else if (result !== HANDED && result.ok) this.handBack(key, result);
+          } else if (result !== HANDED && result.ok) this.handBack(key, result);
           throw abandon!();
         }
         if (result === HANDED) continue;
