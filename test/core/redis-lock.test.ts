@@ -274,6 +274,51 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('gives back the hold of an aborted waiter whose late attempt re-enters a lock its owner took meanwhile, and leaves the line', async () => {
+    const prefix = uniquePrefix('abort-nested');
+    const names = lockNames(prefix, 'k');
+    const admin = locker({ prefix }).redis;
+    const proxy = await startProxy(node.port);
+    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
+    client.on('error', () => undefined);
+    const slow = new RedisLock(client, { prefix });
+    try {
+      const held = await locker({ prefix }).locks.acquire('k', { owner: 'P' });
+      // Two waiters of owner O, each on its own client: `first` ahead in the line, the other (through the proxy) behind.
+      const first = locker({ prefix }).locks.acquire('k', { owner: 'O', wait: 10_000 });
+      await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the first waiter to join the line');
+      const subscribed = proxy.sent('subscribe');
+      const controller = new AbortController();
+      const waiting = rejection(slow.acquire('k', { owner: 'O', wait: 10_000, signal: controller.signal }));
+      await within(subscribed, 2_000, 'the second waiter to listen');
+      await until(async () => (await admin.zcard(names.queue)) === 2, 2_000, 'the second waiter to join the line');
+      // From here the second waiter's commands are held on their way. The release wakes `first`, which takes the lock
+      // for O; the second waiter, woken by hand (if its poll has not come first), attempts meanwhile and is aborted; then
+      // its attempt lands and re-enters O's lock (a nested grant, handed back at once).
+      const deliver = proxy.holdCommands();
+      const attempted = proxy.sent('evalsha');
+      await held.release();
+      const outer = await within(first, 2_000, 'the first waiter');
+      await admin.publish(names.channel, '');
+      await within(attempted, 2_000, 'the woken waiter to attempt');
+      controller.abort(new Error('gave up'));
+      expect(await within(waiting, 1_000, 'the aborted acquire')).toMatchObject({ message: 'gave up' });
+      deliver();
+      // Left in the line, its place would come first once O releases, and hold up the next waiter.
+      await until(async () => (await admin.zcard(names.queue)) === 0, 2_000, 'the aborted waiter to leave the line');
+      // The nested hold goes back (after the attempt and the leave, which were held together): the outer lease's release
+      // then frees the key, which a second hold would keep for 30 s.
+      const holds = async () => (await admin.get(names.lock))?.split(' ')[2];
+      await until(async () => (await holds()) === '1', 2_000, 'the nested grant to be handed back');
+      expect(await outer.release()).toBe(true);
+      expect(await admin.exists(names.lock)).toBe(0);
+    } finally {
+      slow.close();
+      client.disconnect();
+      await proxy.close();
+    }
+  });
+
   it('fails within the default 2 s timeout on a frozen server, well before ioredis gives up', async () => {
     const { redis, locks } = locker();
     expect(await redis.ping()).toBe('PONG');

@@ -19,6 +19,11 @@ export interface Proxy {
    * network failed while the command was on its way (the client resends it after reconnecting). Once.
    */
   cutWhenSent(text: string): void;
+  /**
+   * Holds back what clients send from now on, as a slow network would: the server sees none of it until the returned
+   * function is called, which passes it all on, in order, and lets later commands through again.
+   */
+  holdCommands(): () => void;
   /** Closes the listener and every connection. */
   close(): Promise<void>;
 }
@@ -29,6 +34,7 @@ export async function startProxy(target: number): Promise<Proxy> {
   let swallow: RegExp | undefined;
   const watchers = new Set<{ pattern: RegExp; seen: () => void }>();
   let cutOn: string | undefined;
+  let held: (() => void)[] | undefined;
   const server = net.createServer((client) => {
     const upstream = net.connect({ host: '127.0.0.1', port: target });
     let deaf = false;
@@ -55,7 +61,8 @@ export async function startProxy(target: number): Promise<Proxy> {
         watchers.delete(w);
         w.seen();
       }
-      upstream.write(chunk);
+      if (held !== undefined) held.push(() => upstream.write(chunk));
+      else upstream.write(chunk);
     });
     upstream.on('data', (chunk: Buffer) => {
       if (!deaf) client.write(chunk);
@@ -75,6 +82,14 @@ export async function startProxy(target: number): Promise<Proxy> {
     },
     cutWhenSent(text) {
       cutOn = text;
+    },
+    holdCommands() {
+      const queue: (() => void)[] = [];
+      held = queue;
+      return () => {
+        if (held === queue) held = undefined;
+        for (const write of queue) write();
+      };
     },
     close() {
       for (const s of sockets) s.destroy();
