@@ -131,6 +131,22 @@ describe.each(backends)('TokenBucket decisions ($name)', (backend) => {
   });
 
   it.each([
+    [4.1, '1/s'],
+    [1.1, '10/s'],
+    [0.7, '1000/d'],
+    [33.3, '1/d'],
+    [2.9, '6/s'],
+  ])('grants a take of the whole capacity %d on a full bucket at %s, though capacity × µs per token is not whole', async (capacity, rate) => {
+    // 4.1 × 1e6 µs is 4099999.9999999995 in floating point, less than the 4100000 whole µs a take of 4.1 is charged.
+    const bucket = backend.make({ capacity, rate });
+    expect(await bucket.take('k', capacity)).toMatchObject({ allowed: true, remaining: 0 });
+    const again = await bucket.take('k', capacity);
+    expect(again.allowed).toBe(false);
+    // A denial never says "now": the time to refill the whole capacity, within the ms the test took on Redis.
+    expect(again.retryAfter).toBeGreaterThan((capacity * 1_000) / bucket.rate - 500);
+  });
+
+  it.each([
     [2, 2],
     ['2/s', 2],
     ['30/min', 0.5],
@@ -391,6 +407,9 @@ describe('TokenBucket on Redis', () => {
     const bucket = new TokenBucket({ capacity: 5, rate: '1/min', redis: client, prefix });
     await admin.hset(bucketKey(bucket, prefix, 'hash'), 'f', '1');
     await admin.set(bucketKey(bucket, prefix, 'text'), 'abc');
+    // Lua's tonumber reads these as numbers: NaN would fail every comparison and admit every take, writing nothing.
+    const odd = ['nan', 'inf', '-inf'];
+    for (const v of odd) await admin.set(bucketKey(bucket, prefix, v), v);
     const wrongType = /WRONGTYPE/;
     const notNumber = /not a number/;
     // Merged into one command each (takes, then peeks: their leading arguments differ), then one by one.
@@ -407,6 +426,9 @@ describe('TokenBucket on Redis', () => {
     for (const call of [() => bucket.take('hash'), () => bucket.peek('hash'), () => bucket.take('text')]) {
       alone.push(...(await Promise.allSettled([call()])));
     }
+    const oddMerged = await Promise.allSettled([bucket.take('ok'), ...odd.map((v) => bucket.take(v))]);
+    const oddAlone: PromiseSettledResult<Decision>[] = [];
+    for (const v of odd) oddAlone.push(...(await Promise.allSettled([bucket.take(v)])));
     const outcome = (r: PromiseSettledResult<Decision>): unknown =>
       r.status === 'fulfilled' ? r.value.remaining : ((r.reason as Error).constructor.name + ': ' + (r.reason as Error).message);
     const [ok1, hash, text, ok2, peekHash, peekFree, peekText] = settled.map(outcome);
@@ -416,10 +438,12 @@ describe('TokenBucket on Redis', () => {
       expect(e).toMatch(/^RateLimitUnavailableError: /);
       expect(e).toMatch(wrongType);
     }
-    for (const e of [text, peekText, outcome(alone[2]!)]) {
+    for (const e of [text, peekText, outcome(alone[2]!), ...oddMerged.slice(1).map(outcome), ...oddAlone.map(outcome)]) {
       expect(e).toMatch(/^RateLimitUnavailableError: /);
       expect(e).toMatch(notNumber);
     }
+    expect(outcome(oddMerged[0]!)).toBe(2);
+    for (const v of odd) expect(await admin.get(bucketKey(bucket, prefix, v))).toBe(v);
     expect(await admin.hgetall(bucketKey(bucket, prefix, 'hash'))).toEqual({ f: '1' });
     expect(await admin.get(bucketKey(bucket, prefix, 'text'))).toBe('abc');
     expect(await admin.pttl(bucketKey(bucket, prefix, 'text'))).toBe(-1);

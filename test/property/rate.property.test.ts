@@ -70,6 +70,14 @@ describe('parseRate', () => {
     );
   });
 
+  it.each(['5/ss', '1/mss', '1/hs', '1/ds', '1/ms s', '1/dayss', '1/constructor', '1/__proto__', '1/hasownproperty'])(
+    'rejects %j: an s after a unit that is not its plural, or a name on every object, is no unit',
+    (text) => {
+      expect(() => parseRate(text)).toThrow(RangeError);
+      expect(() => parseRate(text)).toThrow(/\brate\b/);
+    },
+  );
+
   it('rejects any value that is not a number or a string with a TypeError, and bad numbers with a RangeError', () => {
     fc.assert(
       fc.property(fc.anything(), (value) => {

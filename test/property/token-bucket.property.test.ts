@@ -314,14 +314,14 @@ describe('TokenBucket on Redis', () => {
         async ({ capacity, rate, now, costShare, tatShare, commit }) => {
           const params = gcraParams(capacity, rate);
           const cost = Math.max(Number.MIN_VALUE, costShare * capacity);
-          const burst = capacity * params.interval;
+          const burst = params.burst;
           let tat = tatShare === undefined ? undefined : Math.floor(now + tatShare * burst);
           // One transaction, so the key cannot expire (on the real clock) between the script and the reads.
           const tx = redis.multi();
           presetBucket(tx, key, tat, now);
           tx.get(key);
           tx.pttl(key);
-          tx.eval(source, 1, key, capacity, params.interval, commit ? '1' : '0', cost, Math.floor(now / 1e6), now % 1e6);
+          tx.eval(source, 1, key, params.burst, params.interval, commit ? '1' : '0', cost, Math.floor(now / 1e6), now % 1e6);
           tx.get(key);
           tx.pttl(key);
           const results = (await tx.exec())!.map(([error, value]) => {
@@ -373,7 +373,7 @@ describe('TokenBucket on Redis', () => {
           .filter(burstFits),
         async ({ capacity, rate, now, commit, tats, takes }) => {
           const params = gcraParams(capacity, rate);
-          const burst = capacity * params.interval;
+          const burst = params.burst;
           const keys = [0, 1, 2, 3].map((i) => `${prefix}{k${i}}`);
           const preset = tats.map((share) => (share === undefined ? undefined : now + Math.floor(share * burst)));
           // A key whose second has passed is no key.
@@ -394,7 +394,7 @@ describe('TokenBucket on Redis', () => {
           });
           const tx = redis.multi();
           preset.forEach((tat, i) => presetBucket(tx, keys[i]!, tat, now));
-          const args = [capacity, params.interval, commit ? '1' : '0', ...costs, Math.floor(now / 1e6), now % 1e6];
+          const args = [params.burst, params.interval, commit ? '1' : '0', ...costs, Math.floor(now / 1e6), now % 1e6];
           tx.eval(source, takes.length, ...takes.map((t) => keys[t.bucket]!), ...args);
           for (const k of keys) tx.get(k).pttl(k);
           const results = (await tx.exec())!.map(([error, value]) => {

@@ -211,7 +211,7 @@ export class RedisBucketStore implements BucketStore {
     // A plain chain rather than async functions: this runs for every take.
     const name = this.name(key);
     return this.call(
-      () => TAKE.run(this.client, [name], [this.params.capacity, this.params.interval, commit ? '1' : '0', cost]),
+      () => TAKE.run(this.client, [name], [this.params.burst, this.params.interval, commit ? '1' : '0', cost]),
       // A take that lands after its caller gave up (a stalled server) spent tokens nobody used: give them back while
       // nothing else has touched the bucket since. (A low-rate key, say 3 SMS per 10 minutes, would otherwise lose one.)
       // A peek spends nothing, so it needs no such hook.

@@ -1,5 +1,6 @@
 // Lua for the Redis token bucket: the same GCRA rules as gcra.ts, with time read from the Redis server.
 import { Script } from '../redis/script.js';
+import type { GcraParams } from './gcra.js';
 
 /**
  * Granularity of a bucket key's expiry, µs. A key expires at the end of the second (on this grid, server time) in
@@ -37,7 +38,10 @@ local function take(key, v, cost, again)
   local tat = 0
   if v then
     tat = tonumber(v)
-    if tat == nil then return false, 'ERR hasp: a token bucket key holds a value that is not a number' end
+    -- tonumber also reads 'nan' and 'inf': a NaN TAT fails every comparison below and would admit every take unwritten.
+    if tat == nil or tat ~= tat or tat == math.huge or tat == -math.huge then
+      return false, 'ERR hasp: a token bucket key holds a value that is not a number'
+    end
   end
   -- How far the TAT lies ahead of now (0: the bucket is full).
   local ahead = tat - now
@@ -89,20 +93,19 @@ end
 
 // What both forms read first: the bucket's parameters and whether to take, then the server's clock.
 const TAKE_PARAMETERS = `
-local capacity = tonumber(ARGV[1])      -- tokens
+local burst = tonumber(ARGV[1])         -- µs of refill a full bucket holds (capacity × interval, whole)
 local interval = tonumber(ARGV[2])      -- µs per token
 local commit = ARGV[3] == '1'           -- '1' take, '0' peek
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local burst = capacity * interval
 local written = {}                      -- values this command wrote (or will, at its end), by key
 -- Keys whose last value is not in Redis yet: each with the grid second its expiry in Redis is set to, and in order.
 local dirty, dirtyKeys = {}, {}
 `;
 
 /**
- * Take (or peek at) `cost` tokens: KEYS = [the bucket's TAT], ARGV = [capacity, µs per token, '1' take or '0' peek,
- * cost]. Returns {ahead, stored}: how far (µs) the bucket's TAT lay ahead of the server clock before this call
+ * Take (or peek at) `cost` tokens: KEYS = [the bucket's TAT], ARGV = [µs of refill a full bucket holds (the burst,
+ * {@link GcraParams.burst}), µs per token, '1' take or '0' peek, cost]. Returns {ahead, stored}: how far (µs) the bucket's TAT lay ahead of the server clock before this call
  * (clamped to a burst), from which `decide` in JavaScript computes the decision with the same arithmetic, and the TAT
  * this take wrote (0 when it wrote nothing), for a REFUND if its caller gave up on it. Two integers rather than the
  * decision's five numbers: each reply element costs the server and the client time.

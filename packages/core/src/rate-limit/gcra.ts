@@ -7,13 +7,21 @@ export interface GcraParams {
   capacity: number;
   /** Microseconds per token, rounded up: the bucket may refill up to 1 µs per token slower than `rate`, never faster. */
   interval: number;
+  /**
+   * Microseconds of refill a full bucket holds (capacity × interval), rounded up to a whole µs: a take is charged whole
+   * µs, so a fractional burst (capacity 4.1 at 1/s is 4099999.9999999995 µs) would refuse a cost of the whole capacity
+   * on a full bucket for ever. Rounding up adds at most 1 µs of refill, once.
+   */
+  burst: number;
 }
 
 export function gcraParams(capacity: number, ratePerSecond: number): GcraParams {
   // 1e6 / rate is off by an ulp or two when rate is itself a rounded quotient (1e6 / (1e6 / 29) is 29.000000000000004):
   // a bare ceil would add a whole µs per token to exact intervals, so shave a relative 1e-12 first.
   const exact = 1_000_000 / ratePerSecond;
-  return { capacity, interval: Math.max(1, Math.ceil(exact - exact * 1e-12)) };
+  const interval = Math.max(1, Math.ceil(exact - exact * 1e-12));
+  // Rounded up as a take of the whole capacity is charged (ceil of the same product), so that such a take fits.
+  return { capacity, interval, burst: Math.ceil(capacity * interval) };
 }
 
 /**
@@ -29,7 +37,7 @@ export function decide(
   cost: number,
   commit = true,
 ): { decision: Decision; store: number | undefined; after: number } {
-  const burst = p.capacity * p.interval;
+  const burst = p.burst;
   let base = tat === undefined || tat < now ? now : tat;
   // A TAT beyond now + burst means the clock went back (NTP step, failover to a host whose clock is behind): count the
   // bucket as empty, not as locked for the length of the jump, and let a take write the clamped TAT down.

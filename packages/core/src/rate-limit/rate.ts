@@ -15,12 +15,15 @@ const UNIT_MS: Record<string, number> = {
   d: 86_400_000,
   day: 86_400_000,
 };
+// The plurals, spelled out: stripping any final 's' would also accept 'ss', 'hs' or 'mss' (which reads as ms, where
+// a user may have meant minutes).
+for (const unit of ['sec', 'second', 'min', 'minute', 'hr', 'hour', 'day']) UNIT_MS[`${unit}s`] = UNIT_MS[unit]!;
 
 const RATE = /^\s*(\d+(?:\.\d+)?)\s*\/\s*(\d+(?:\.\d+)?)?\s*([a-z]+)\s*$/i;
 
 /**
  * Tokens per second from a number or a rate string (`'<tokens>/<unit>'` or `'<tokens>/<n><unit>'`; units ms, s, sec,
- * second, m, min, minute, h, hr, hour, d, day, optionally plural).
+ * second, m, min, minute, h, hr, hour, d, day, and the plurals secs, seconds, mins, minutes, hrs, hours, days).
  * @throws TypeError when `rate` is neither a number nor a string; RangeError when it is not a finite positive rate
  */
 export function parseRate(rate: unknown, name = 'rate'): number {
@@ -31,7 +34,7 @@ export function parseRate(rate: unknown, name = 'rate'): number {
   if (typeof rate !== 'string') throw new TypeError(`${name} must be a number or a string like '30/min', got ${describe(rate)}`);
   const m = RATE.exec(rate);
   const unit = m?.[3]?.toLowerCase();
-  const unitMs = unit === undefined ? undefined : (UNIT_MS[unit] ?? (unit.endsWith('s') ? UNIT_MS[unit.slice(0, -1)] : undefined));
+  const unitMs = unit !== undefined && Object.hasOwn(UNIT_MS, unit) ? UNIT_MS[unit] : undefined;
   if (!m || unitMs === undefined) {
     throw new RangeError(`${name} ${describe(rate)} is not a rate: use tokens per second or a string like '2/s', '30/min', '100/h', '1000/d'`);
   }
