@@ -1,6 +1,5 @@
 // Lua for the Redis token bucket: the same GCRA rules as gcra.ts, with time read from the Redis server.
 import { Script } from '../redis/script.js';
-import type { GcraParams } from './gcra.js';
 
 /**
  * Granularity of a bucket key's expiry, µs. A key expires at the end of the second (on this grid, server time) in
@@ -105,7 +104,7 @@ local dirty, dirtyKeys = {}, {}
 
 /**
  * Take (or peek at) `cost` tokens: KEYS = [the bucket's TAT], ARGV = [µs of refill a full bucket holds (the burst,
- * {@link GcraParams.burst}), µs per token, '1' take or '0' peek, cost]. Returns {ahead, stored}: how far (µs) the bucket's TAT lay ahead of the server clock before this call
+ * `GcraParams.burst`), µs per token, '1' take or '0' peek, cost]. Returns {ahead, stored}: how far (µs) the bucket's TAT lay ahead of the server clock before this call
  * (clamped to a burst), from which `decide` in JavaScript computes the decision with the same arithmetic, and the TAT
  * this take wrote (0 when it wrote nothing), for a REFUND if its caller gave up on it. Two integers rather than the
  * decision's five numbers: each reply element costs the server and the client time.
