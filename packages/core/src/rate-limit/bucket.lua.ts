@@ -104,10 +104,11 @@ local dirty, dirtyKeys = {}, {}
 
 /**
  * Take (or peek at) `cost` tokens: KEYS = [the bucket's TAT], ARGV = [µs of refill a full bucket holds (the burst,
- * `GcraParams.burst`), µs per token, '1' take or '0' peek, cost]. Returns {ahead, stored}: how far (µs) the bucket's TAT lay ahead of the server clock before this call
- * (clamped to a burst), from which `decide` in JavaScript computes the decision with the same arithmetic, and the TAT
- * this take wrote (0 when it wrote nothing), for a REFUND if its caller gave up on it. Two integers rather than the
- * decision's five numbers: each reply element costs the server and the client time.
+ * `GcraParams.burst`), µs per token, '1' take or '0' peek, cost]. Returns {ahead, stored}: how far (µs) the bucket's
+ * TAT lay ahead of the server clock before this call (clamped to a burst), from which `decide` in JavaScript computes
+ * the decision with the same arithmetic, and the TAT this take wrote (0 when it wrote nothing), for a REFUND if its
+ * caller gave up on it. Two integers rather than the decision's five numbers: each reply element costs the server and
+ * the client time.
  *
  * Takes merged into one command from the same bucket parameters run in its batch form, which reads the clock once and
  * every key with one MGET (a command called from Lua costs Redis far more than the work it does), and answers a flat
