@@ -188,8 +188,10 @@ export class RedlockStore implements LockStore {
       },
     );
     for (const [i, o] of outcomes.entries()) if (o?.ok && o.value === 2) this.wakeOn(this.clients[i]!, n);
-    // Without answers from a quorum the outcome is unknown: the caller may retry (nodes that answered return 0 then).
-    if (values(outcomes).length < q) throw this.unavailable('release', outcomes);
+    // With more nodes failed than a quorum can spare, the outcome is unknown: the caller may retry (nodes that answered
+    // return 0 then). Nodes still unheard are no failure: the round settled without them because the answers already
+    // tell (enough nodes no longer held the lock).
+    if (failedCount(outcomes) > this.clients.length - q) throw this.unavailable('release', outcomes);
     // Held, as far as anyone can tell: freed somewhere, and no quorum of nodes answered that it no longer held it
     // (nodes that are down may still hold it, as they did when it was acquired).
     const freed = count(outcomes, (v) => v >= 1);
@@ -303,7 +305,7 @@ export class RedlockStore implements LockStore {
       const busy = outcomes
         .map((o) => (o?.ok && !o.value.ok ? o.value.pttl : undefined))
         .filter((p): p is number => p !== undefined);
-      const failed = outcomes.filter((o) => o === undefined || !o.ok).length;
+      const failed = failedCount(outcomes);
       // Granted somewhere while another waiter is first elsewhere: the nodes' lines disagree (a waiter is missing from
       // a node it could not reach). This round joined the line wherever it was missing, so the next one can agree.
       const linesDisagree = line !== undefined && busy.includes(-1) && grants.some((g) => g?.token === token);
