@@ -1,7 +1,7 @@
 // Every invalid value of every locker option, constructor and per call, fails at once with a TypeError or RangeError
 // naming the option, before anything is sent to Redis (the clients here never connect).
 import { Redis } from 'ioredis';
-import { afterAll, describe, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { MemoryLock, RedisLock, Redlock, type Locker } from '../../packages/core/src/index.js';
 import { expectInvalid } from './helpers.js';
 
@@ -125,6 +125,25 @@ describe.each(lockers)('%s calls', (_name, make, tooShort) => {
       await expectInvalid(() => locks.using(key as never, async () => undefined), 'key');
     }
     for (const value of [5, 'x', true]) await expectInvalid(() => locks.acquire('k', value as never), 'options');
+  });
+
+  it('rejects a misspelt or unknown per-call option by its name (autoExtend is using’s alone), and takes the right ones', async () => {
+    const locks = make();
+    for (const options of [{ ttll: 5_000 }, { TTL: 5_000 }, { wait: 0, timeout: 100 }, { autoExtend: false }]) {
+      const name = Object.keys(options).at(-1)!;
+      await expectInvalid(() => locks.acquire('k', options as never), name);
+      await expectInvalid(() => locks.tryAcquire('k', options as never), name);
+    }
+    await expectInvalid(() => locks.using('k', async () => undefined, { autoextend: false } as never), 'autoextend');
+  });
+});
+
+describe('per-call options that are right', () => {
+  it('are taken, an option set to undefined counting as not given (as in the constructors)', async () => {
+    const locks = new MemoryLock();
+    const lease = await locks.acquire('k', { ttl: 5_000, wait: 0, owner: 'o', signal: new AbortController().signal, other: undefined } as never);
+    await lease.release();
+    expect(await locks.using('k', async () => 'ran', { ttl: 5_000, autoExtend: false, owner: 'o', wait: 10 })).toBe('ran');
   });
 });
 

@@ -63,6 +63,8 @@ function tooSlow(took: number): LockUnavailableError {
   return new LockUnavailableError(`lock acquire took ${took} ms, longer than the ttl allows: the lease would have ended`);
 }
 
+const CALL_OPTIONS = ['ttl', 'wait', 'owner', 'signal'];
+
 /** Shared Locker implementation over a {@link LockStore}. */
 export abstract class BaseLocker implements Locker {
   protected readonly defaults: ResolvedLockerOptions;
@@ -80,22 +82,20 @@ export abstract class BaseLocker implements Locker {
   }
 
   async acquire(key: string, options?: AcquireOptions): Promise<Lease> {
-    const o = this.callOptions(key, options);
-    const result = await this.attemptUntil(key, o);
-    if (result instanceof LeaseImpl) return result;
-    throw new LockBusyError(key, result.pttl >= 0 ? result.pttl : undefined);
+    return this.acquireWith(key, this.callOptions('acquire', key, options));
   }
 
   async tryAcquire(key: string, options?: AcquireOptions): Promise<Lease | null> {
-    const o = this.callOptions(key, options);
+    const o = this.callOptions('tryAcquire', key, options);
     const result = await this.attemptUntil(key, o);
     return result instanceof LeaseImpl ? result : null;
   }
 
   async using<T>(key: string, fn: (lease: Lease) => Promise<T>, options?: UsingOptions): Promise<T> {
     v.func('fn', fn);
+    const o = this.callOptions('using', key, options);
     const autoExtend = options?.autoExtend === undefined ? true : v.boolean('autoExtend', options.autoExtend);
-    const lease = (await this.acquire(key, options)) as LeaseImpl;
+    const lease = await this.acquireWith(key, o);
     if (autoExtend) lease.startAutoExtend();
     try {
       return await fn(lease);
@@ -115,9 +115,23 @@ export abstract class BaseLocker implements Locker {
     this.store.close();
   }
 
-  private callOptions(key: string, options: AcquireOptions | undefined): CallOptions {
+  private async acquireWith(key: string, o: CallOptions): Promise<LeaseImpl> {
+    const result = await this.attemptUntil(key, o);
+    if (result instanceof LeaseImpl) return result;
+    throw new LockBusyError(key, result.pttl >= 0 ? result.pttl : undefined);
+  }
+
+  private callOptions(where: 'acquire' | 'tryAcquire' | 'using', key: string, options: UsingOptions | undefined): CallOptions {
     v.key(key);
     const o = v.definedOnly(options);
+    // A misspelt option (`ttll`, `autoextend`) would otherwise be ignored without a word. A loop rather than
+    // knownKeys's array search: this runs for every acquire.
+    for (const k in o) {
+      if (k !== 'ttl' && k !== 'wait' && k !== 'owner' && k !== 'signal' && (k !== 'autoExtend' || where !== 'using')) {
+        const known = where === 'using' ? CALL_OPTIONS.concat('autoExtend') : CALL_OPTIONS;
+        v.knownKeys(where, o, known);
+      }
+    }
     return {
       ttl: o.ttl === undefined ? this.defaults.ttl : usableTtl(this.store, v.duration('ttl', o.ttl)),
       wait: o.wait === undefined ? this.defaults.wait : v.duration('wait', o.wait, true),
