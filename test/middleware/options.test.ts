@@ -1,6 +1,6 @@
 // Bad options of rateLimit() and withLock() fail when the middleware is created (never per request), with a TypeError or
 // RangeError naming the option, for Express 4, Express 5, Koa 2 and Koa 3.
-import { MemoryLock, TokenBucket } from '@hasp/core';
+import { MemoryLock, Redlock, TokenBucket } from '@hasp/core';
 import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { expectInvalid } from '../core/helpers.js';
@@ -84,6 +84,9 @@ const badWithLock: [string, unknown, unknown, string][] = [
     { ttl: t },
     'ttl',
   ]),
+  // Within the locker's clock-drift allowance (2 ms on RedisLock; ttl × 0.9 + 2 ms here): every request would fail.
+  ['ttl 2 on Redis', () => 'k', { redis, ttl: 2 }, 'ttl'],
+  ['ttl 20 on a Redlock allowing ttl × 0.9 for drift', () => 'k', { locker: new Redlock([redis, redis2, redis3], { driftFactor: 0.9 }), ttl: 20 }, 'ttl'],
   ...[-1, 1.5, NaN, Infinity, '0', null].map((w): [string, unknown, unknown, string] => [`wait ${show(w)}`, () => 'k', { wait: w }, 'wait']),
   ...['yes', 1, null, {}].map((a): [string, unknown, unknown, string] => [
     `autoExtend ${show(a)}`,

@@ -1,5 +1,6 @@
 // withLock(): option resolution, the locker to use, the per-request owner (reentrancy), and the lock lifecycle
 // (acquire with auto-extension → map errors to HTTP → release exactly once), shared by the Express and Koa adapters.
+import { checkTtl } from '../lock/locker.js';
 import { MemoryLock } from '../lock/memory-lock.js';
 import { assertClient, RedisLock } from '../lock/redis-lock.js';
 import { Redlock } from '../lock/redlock.js';
@@ -203,7 +204,10 @@ export class LockGuard<Arg> {
       if (o.ttl !== undefined) using.ttl = v.duration('ttl', o.ttl);
       if (o.wait !== undefined) using.wait = v.duration('wait', o.wait, true);
       using.autoExtend = o.autoExtend === undefined ? true : v.boolean('autoExtend', o.autoExtend);
-      return { locker: lockerFor(o), using };
+      const locker = lockerFor(o);
+      // A ttl within the locker's drift allowance would fail every request; say so now.
+      if (using.ttl !== undefined) checkTtl(locker, using.ttl);
+      return { locker, using };
     });
     this.keyFn = key;
     this.locker = resolved.locker;

@@ -58,6 +58,19 @@ function usableTtl(store: LockStore, ttl: number): number {
   return ttl;
 }
 
+// The store of each locker this copy of the module made, for checks made elsewhere before any call (see checkTtl).
+const STORES = new WeakMap<object, LockStore>();
+
+/**
+ * For the middleware, at construction: throws the RangeError naming `ttl` that `locker`'s calls would throw for each
+ * request, when a lease of `ttl` would not outlast its clock-drift allowance. A locker of another module copy (or
+ * another kind) is not checked here; its calls still are.
+ */
+export function checkTtl(locker: object, ttl: number): void {
+  const store = STORES.get(locker);
+  if (store !== undefined) usableTtl(store, ttl);
+}
+
 /** The error of an acquire whose grants all came too late to be of use. */
 function tooSlow(took: number): LockUnavailableError {
   return new LockUnavailableError(`lock acquire took ${took} ms, longer than the ttl allows: the lease would have ended`);
@@ -79,6 +92,7 @@ export abstract class BaseLocker implements Locker {
   ) {
     this.defaults = defaults;
     usableTtl(store, defaults.ttl);
+    STORES.set(this, store);
   }
 
   async acquire(key: string, options?: AcquireOptions): Promise<Lease> {
