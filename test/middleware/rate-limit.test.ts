@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as delay } from 'node:timers/promises';
 import { TokenBucket } from '@hasp/core';
 import type { Redis } from 'ioredis';
+import { Readable } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { bucketKey, until, within } from '../core/helpers.js';
@@ -470,6 +471,45 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
     expect(quietDenied!.status).toBe(429);
     expect(quietDenied!.headers.ratelimit).toBeUndefined();
     expect(Number(quietDenied!.headers['retry-after'])).toBeGreaterThan(0);
+  });
+
+  it('keeps the fields and Retry-After on the 429 a custom handler answers by throwing, through the default error handling', async () => {
+    const policy = freshPolicy('thrown');
+    const slowDown = Object.assign(new Error('slow down'), { status: 429, expose: true });
+    const handler =
+      fw.kind === 'express'
+        ? (_req: unknown, _res: unknown, next: (err: unknown) => void) => next(slowDown)
+        : (ctx: { throw(status: number, message: string): never }) => ctx.throw(429, 'slow down');
+    const app = await start({ routes: { '/x': { use: [fw.rateLimit({ capacity: 1, rate: '1/h', redis, policy, key: 'k', handler })] } }, errors: 'default' });
+    const [ok, denied] = await series(`${app.url}/x`, 2);
+    expect(ok!.status).toBe(200);
+    expect(denied!.status).toBe(429);
+    expect(denied!.headers['ratelimit-policy']).toBe(`"${policy}";q=1;w=3600`);
+    expect(denied!.headers.ratelimit).toMatch(new RegExp(`^"${policy}";r=0;t=\\d+$`));
+    expect(Number(denied!.headers['retry-after'])).toBeGreaterThan(0);
+  });
+
+  it.runIf(name === 'koa2')('keeps the fields on the 500 Koa answers for a body stream that fails before its first byte', async () => {
+    const policy = freshPolicy('stream');
+    const app = await start({
+      routes: {
+        '/x': {
+          use: [fw.rateLimit({ capacity: 5, rate: '1/h', redis, policy, key: 'k' })],
+          koa: (ctx: { body: unknown }) => {
+            ctx.body = new Readable({
+              read() {
+                this.destroy(new Error('the file went away'));
+              },
+            });
+          },
+        },
+      },
+      errors: 'default',
+    });
+    const [failed] = await series(`${app.url}/x`, 1);
+    expect(failed!.status).toBe(500);
+    expect(failed!.headers['ratelimit-policy']).toBe(`"${policy}";q=5;w=18000`);
+    expect(failed!.headers.ratelimit).toMatch(new RegExp(`^"${policy}";r=4;t=\\d+$`));
   });
 
   it('skips limiting when the key is undefined, and shares a prepared bucket between routes', async () => {

@@ -1,7 +1,8 @@
 // Koa's default error handler removes every response header and sends only err.headers. A limited route must still
-// carry its RateLimit fields when a later middleware throws, so for such a request the error handler is wrapped to lend
-// the fields to err.headers for the duration of the call (the error object itself is left as it was).
-import { POLICY_FIELD, RATELIMIT_FIELD } from '@hasp/core/http';
+// carry its RateLimit fields when a later middleware throws (and a refused one its Retry-After, when a custom handler
+// answers by throwing), so for such a request the error handler is wrapped to lend the fields to err.headers for the
+// duration of the call (the error object itself is left as it was; its own headers win).
+import { POLICY_FIELD, RATELIMIT_FIELD, RETRY_AFTER_FIELD } from '@hasp/core/http';
 import type { Context } from 'koa';
 
 const WRAPPED = Symbol('hasp.keepFields');
@@ -18,15 +19,16 @@ export function keepFieldsOnError(ctx: Context): void {
   c.onerror = function onerrorWithFields(this: Context, err: unknown): void {
     const policy = this.res.getHeader(POLICY_FIELD);
     const state = this.res.getHeader(RATELIMIT_FIELD);
-    if (err === null || typeof err !== 'object' || this.headerSent || (policy === undefined && state === undefined)) {
-      return original.call(this, err);
-    }
+    const retryAfter = this.res.getHeader(RETRY_AFTER_FIELD);
+    const none = policy === undefined && state === undefined && retryAfter === undefined;
+    if (err === null || typeof err !== 'object' || this.headerSent || none) return original.call(this, err);
     const e = err as { headers?: unknown };
     const own = Object.prototype.hasOwnProperty.call(e, 'headers');
     const prev = e.headers;
     const lent: Record<string, unknown> = {};
     if (policy !== undefined) lent[POLICY_FIELD] = policy;
     if (state !== undefined) lent[RATELIMIT_FIELD] = state;
+    if (retryAfter !== undefined) lent[RETRY_AFTER_FIELD] = retryAfter;
     try {
       e.headers = typeof prev === 'object' && prev !== null ? { ...lent, ...prev } : lent;
     } catch {

@@ -29,8 +29,16 @@ export function rateLimit(options: RateLimitOptions): Middleware {
   const headers = limiter.headers;
 
   function refuse(ctx: Context, d: Decision): Promise<void> {
-    if (handler !== undefined) return Promise.resolve(handler(ctx, d)).then(ignore);
-    throw limiter.deniedError(d, ctx.res);
+    if (handler === undefined) throw limiter.deniedError(d, ctx.res);
+    // A handler may answer by throwing (`ctx.throw(429)`, the Koa way): the error handler must still send the fields.
+    keepFieldsOnError(ctx);
+    return new Promise<unknown>((resolve) => resolve(handler(ctx, d))).then(ignore);
+  }
+
+  // A body stream that fails is reported to ctx.onerror from its 'error' event, after the middleware chain settled.
+  function allowedDone(ctx: Context): void {
+    const body = ctx.body as { pipe?: unknown } | null | undefined;
+    if (typeof body?.pipe === 'function') keepFieldsOnError(ctx);
   }
 
   // A plain promise chain rather than an async function: this runs for every request.
@@ -46,10 +54,13 @@ export function rateLimit(options: RateLimitOptions): Middleware {
         return back === undefined ? refuse(ctx, d) : back.then(() => refuse(ctx, d));
       }
       if (!headers) return next();
-      return next().catch((error: unknown) => {
-        keepFieldsOnError(ctx);
-        throw error;
-      });
+      return next().then(
+        () => allowedDone(ctx),
+        (error: unknown) => {
+          keepFieldsOnError(ctx);
+          throw error;
+        },
+      );
     });
   };
 }
