@@ -7,7 +7,7 @@ const app = express();
 app.use(express.json());
 
 // 3 SMS per phone number per 10 minutes: the 4th request gets 429 with Retry-After.
-app.post('/sms/send', rateLimit({ capacity: 3, rate: '3/10min', key: (req) => req.body.phone, policy: 'sms' }), (req, res) => {
+app.post('/sms/send', rateLimit({ capacity: 3, rate: '3/10min', key: (req) => String(req.body?.phone), policy: 'sms' }), (req, res) => {
   res.json({ sent: true, left: req.rateLimit?.remaining });
 });
 
@@ -32,6 +32,9 @@ const denied = await send('POST', `${url}/sms/send`, { phone: '+15551234567' });
 assert.equal(denied.headers.get('ratelimit-policy'), '"sms";q=3;w=600');
 assert.match(denied.headers.get('ratelimit') ?? '', /^"sms";r=0;t=\d+$/);
 assert.ok(Number(denied.headers.get('retry-after')) >= 1);
+// A phone sent as a number, or none at all, is still a key: never a 500 from the limiter.
+assert.equal((await send('POST', `${url}/sms/send`, { phone: 15551234567 })).status, 200);
+assert.equal((await send('POST', `${url}/sms/send`, undefined)).status, 200);
 const both = await Promise.all([send('POST', `${url}/orders/42/purchase`), send('POST', `${url}/orders/42/purchase`)]);
 assert.deepEqual(both.map((r) => r.status).sort(), [200, 423]);
 await close();

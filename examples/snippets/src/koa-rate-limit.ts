@@ -18,7 +18,7 @@ router.post(
   // Per client IP (the default key, ctx.ip): 10 per 10 minutes.
   rateLimit({ capacity: 10, rate: '10/10min', redis, policy: 'sms-ip' }),
   // Per phone number: 3 per 10 minutes. Each limiter adds its member to RateLimit-Policy and RateLimit.
-  rateLimit({ capacity: 3, rate: '3/10min', redis, policy: 'sms-phone', key: (ctx) => body(ctx).phone }),
+  rateLimit({ capacity: 3, rate: '3/10min', redis, policy: 'sms-phone', key: (ctx) => String(body(ctx).phone) }),
   (ctx) => {
     ctx.body = { sent: true };
   },
@@ -60,6 +60,7 @@ const sms = await send('POST', `${url}/sms/send`, { phone: '+15550000002' });
 assert.equal(sms.headers.get('ratelimit-policy'), '"sms-ip";q=10;w=600, "sms-phone";q=3;w=600');
 // 6 left for the IP, not 5: the request the phone limit refused cost the IP limit nothing (its token went back).
 assert.match(sms.headers.get('ratelimit') ?? '', /^"sms-ip";r=6;t=\d+, "sms-phone";r=2;t=\d+$/);
+assert.equal((await send('POST', `${url}/sms/send`, { phone: 15550000009 })).status, 200); // a number is a phone too
 const wrong = { username: 'alice', password: 'guess' };
 assert.deepEqual(await statuses(4, 'POST', `${url}/login`, wrong), [401, 401, 401, 401]);
 assert.equal((await send('POST', `${url}/login`, { username: 'alice', password: 'wonderland' })).status, 200);

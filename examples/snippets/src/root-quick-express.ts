@@ -9,7 +9,7 @@ const app = express();
 app.use(express.json());
 
 // 3 SMS per phone number per 10 minutes, across all app instances sharing this Redis.
-app.post('/sms/send', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (req) => req.body.phone, policy: 'sms' }), sendSms);
+app.post('/sms/send', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (req) => String(req.body?.phone), policy: 'sms' }), sendSms);
 
 // One purchase per order at a time: a second request while the first runs gets 423.
 app.post('/orders/:id/purchase', withLock((req) => `order:${req.params.id}`, { redis }), purchase);
