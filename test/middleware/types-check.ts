@@ -88,6 +88,27 @@ const koa = new Koa();
 koa.use(koaRateLimit({ capacity: 10, rate: '10/s', key: (ctx) => ctx.ip }));
 koa.use(koaWithLock((ctx) => ctx.path));
 
+// An app with typed state: key functions and handlers written for its context fit, and so does the middleware.
+interface AppState {
+  user: { id: string };
+}
+const typedKoa = new Koa<AppState>();
+const byUser = (ctx: Koa.ParameterizedContext<AppState>): string => ctx.state.user.id;
+typedKoa.use(koaRateLimit({ capacity: 10, rate: '10/min', key: byUser }));
+typedKoa.use(
+  koaRateLimit({
+    capacity: 10,
+    rate: '10/min',
+    key: byUser,
+    handler: (ctx) => {
+      assertType<Equal<typeof ctx.state.user.id, string>>(true);
+      ctx.status = 429;
+    },
+  }),
+);
+typedKoa.use(koaWithLock(byUser, { ttl: 5_000 }));
+typedKoa.use(koaWithLock((ctx: Koa.ParameterizedContext<AppState>) => `user:${ctx.state.user.id}`));
+
 // onStoreState's event is typed in both adapters, and exported for hooks written apart.
 const logOutage = (e: StoreStateEvent): void => {
   assertType<Equal<StoreStateEvent['state'], 'down' | 'up'>>(true);

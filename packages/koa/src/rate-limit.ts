@@ -1,7 +1,7 @@
 // rateLimit() for Koa: a token bucket per key, the RateLimit fields on every response, a thrown 429 on denial.
 import type { Decision } from '@hasp/core';
 import { clientIpKey, giveBackTakes, RateLimiter } from '@hasp/core/http';
-import type { Context, Middleware, Next } from 'koa';
+import type { Context, DefaultContext, DefaultState, Middleware, Next } from 'koa';
 import { keepFieldsOnError } from './keep-fields.js';
 import type { RateLimitHandler, RateLimitOptions } from './types.js';
 
@@ -23,8 +23,11 @@ const ipKey = (ctx: Context): string => clientIpKey(ctx.ip);
  * router.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: phone, policy: 'sms' }), send);
  * ```
  */
-export function rateLimit(options: RateLimitOptions): Middleware {
-  const limiter = new RateLimiter<Context, RateLimitHandler>(options, ipKey, 'rateLimit');
+export function rateLimit<StateT = DefaultState, ContextT = DefaultContext>(
+  options: RateLimitOptions<StateT, ContextT>,
+): Middleware<StateT, ContextT> {
+  // Inside, the context's types do not matter: the user's functions get the context they were typed for.
+  const limiter = new RateLimiter<Context, RateLimitHandler>(options as unknown as RateLimitOptions, ipKey, 'rateLimit');
   const handler = limiter.handler;
   const headers = limiter.headers;
 
@@ -42,7 +45,7 @@ export function rateLimit(options: RateLimitOptions): Middleware {
   }
 
   // A plain promise chain rather than an async function: this runs for every request.
-  return function rateLimitMiddleware(ctx: Context, next: Next): Promise<void> {
+  const middleware = function rateLimitMiddleware(ctx: Context, next: Next): Promise<void> {
     // ctx.state (Koa makes one per request) holds the takes a later limiter may give back.
     return limiter.check(ctx, ctx.state).then((d) => {
       if (d === undefined) return next();
@@ -63,4 +66,5 @@ export function rateLimit(options: RateLimitOptions): Middleware {
       );
     });
   };
+  return middleware as unknown as Middleware<StateT, ContextT>;
 }

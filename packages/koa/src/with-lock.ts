@@ -1,6 +1,6 @@
 // withLock() for Koa: holds a per-key lock around the rest of the middleware chain, released in finally.
 import { giveBackTakes, LockGuard } from '@hasp/core/http';
-import type { Context, Middleware, Next } from 'koa';
+import type { Context, DefaultContext, DefaultState, Middleware, Next } from 'koa';
 import type { ContextKey, WithLockOptions } from './types.js';
 
 /**
@@ -17,10 +17,14 @@ import type { ContextKey, WithLockOptions } from './types.js';
  * router.post('/orders/:id/pay', withLock((ctx) => `order:${ctx.params.id}`, { redis }), pay);
  * ```
  */
-export function withLock(key: ContextKey, options?: WithLockOptions): Middleware {
-  const guard = new LockGuard<Context>(key, options, 'withLock');
+export function withLock<StateT = DefaultState, ContextT = DefaultContext>(
+  key: ContextKey<StateT, ContextT>,
+  options?: WithLockOptions,
+): Middleware<StateT, ContextT> {
+  // Inside, the context's types do not matter: the key function gets the context it was typed for.
+  const guard = new LockGuard<Context>(key as unknown as ContextKey, options, 'withLock');
 
-  return async function withLockMiddleware(ctx: Context, next: Next): Promise<void> {
+  const middleware = async function withLockMiddleware(ctx: Context, next: Next): Promise<void> {
     let held;
     try {
       held = await guard.acquire(ctx, ctx, ctx.res);
@@ -37,4 +41,5 @@ export function withLock(key: ContextKey, options?: WithLockOptions): Middleware
       held.release();
     }
   };
+  return middleware as unknown as Middleware<StateT, ContextT>;
 }
