@@ -397,6 +397,25 @@ describe('RedisLock keys, channels and line', () => {
     b.close();
   });
 
+  it('stores a key longer than 128 characters under a digest: its names stay short, and long keys stay apart', async () => {
+    const prefix = uniquePrefix('long');
+    const locks = new RedisLock(node.client(), { prefix });
+    const long = 'k'.repeat(100_000);
+    // Long keys differing only at the end, the longest key kept as it is, and a short key shaped like a digest.
+    const keys = [long, `${long}x`, 'k'.repeat(129), 'k'.repeat(128), `%#${'a'.repeat(43)}`];
+    const leases = await Promise.all(keys.map((k) => locks.acquire(k, { ttl: 10_000 })));
+    for (const k of keys) {
+      for (const name of Object.values(lockNames(prefix, k))) expect(name.length).toBeLessThanOrEqual(prefix.length + 134);
+    }
+    expect(await admin.exists(lockNames(prefix, long).lock)).toBe(1);
+    // The fence key outlives the lock by an hour: a client sending a long key per request must not fill Redis with them.
+    expect(Number(await admin.memory('USAGE', lockNames(prefix, long).fence))).toBeLessThan(200);
+    expect(await locks.tryAcquire(long)).toBeNull();
+    expect(await locks.tryAcquire(`${long}x`)).toBeNull();
+    for (const lease of leases) expect(await lease.release()).toBe(true);
+    locks.close();
+  });
+
   it('gives distinct keys distinct Redis names, none of them another key’s name, on the wire too', () => {
     for (const prefix of ['hasp:lock:', '', '{', 'p}']) {
       const names = HOSTILE_KEYS.flatMap((key) => Object.values(lockNames(prefix, key)));

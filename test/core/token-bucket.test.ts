@@ -573,6 +573,26 @@ describe('TokenBucket on Redis', () => {
     expect(await admin.dbsize()).toBe(keys.length - 1);
   });
 
+  it('stores a key longer than 128 characters under a digest, in Redis and in memory, and keeps long keys apart', async () => {
+    const prefix = uniquePrefix('long');
+    const onRedis = new TokenBucket({ capacity: 2, rate: '1/h', redis: admin, prefix });
+    const inMemory = new TokenBucket({ capacity: 2, rate: '1/h', clock: manualClock().now });
+    const long = 'p'.repeat(100_000);
+    for (const bucket of [onRedis, inMemory]) {
+      expect(await bucket.take(long)).toMatchObject({ allowed: true, remaining: 1 });
+      expect(await bucket.take(`${long}x`)).toMatchObject({ allowed: true, remaining: 1 });
+      expect(await bucket.take(long)).toMatchObject({ allowed: true, remaining: 0 });
+      expect((await bucket.take(long)).allowed).toBe(false);
+    }
+    const name = bucketKey(onRedis, prefix, long);
+    expect(name.length).toBeLessThan(prefix.length + 60);
+    expect(Number(await admin.memory('USAGE', name))).toBeLessThan(150);
+    // In memory, a bucket is kept under the same short spelling.
+    const stored = [...(memoryStore(inMemory) as unknown as { tats: Map<string, number> }).tats.keys()];
+    expect(stored).toHaveLength(2);
+    for (const k of stored) expect(k.length).toBeLessThanOrEqual(45);
+  });
+
   it('keeps hostile keys apart in memory too', async () => {
     const bucket = new TokenBucket({ capacity: 10, rate: '1/h' });
     const keys = ['\uD800', '\uDBFF', '\uFFFD', 'a\0b', 'a\0c', '}', '%7D', 'k'.repeat(1 << 20)];

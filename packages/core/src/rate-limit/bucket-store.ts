@@ -1,7 +1,7 @@
 // The two places a token bucket can live: this process's memory, or Redis (one script call per take).
 import { RateLimitUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
-import { keyStem } from '../redis/keys.js';
+import { keyStem, storedKey } from '../redis/keys.js';
 import { sendPending } from '../redis/script.js';
 import type { Decision, RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
@@ -64,26 +64,29 @@ export class MemoryBucketStore implements BucketStore {
   take(key: string, cost: number, commit: boolean, home?: TakeHome): Promise<Decision> {
     const now = Math.round(this.clock() * 1_000);
     this.sweep(now);
-    const { decision, store } = decide(this.params, this.tats.get(key), now, cost, commit);
+    // Stored as Redis names are: a long key (one a client sent, say) takes no more memory than a short one.
+    const id = storedKey(key);
+    const { decision, store } = decide(this.params, this.tats.get(id), now, cost, commit);
     if (store !== undefined) {
       // Re-insert so the sweeper meets recently used keys last.
-      this.tats.delete(key);
-      this.tats.set(key, store);
+      this.tats.delete(id);
+      this.tats.set(id, store);
       if (home !== undefined && decision.allowed) record(home, this, key, cost, store);
     }
     return Promise.resolve(decision);
   }
 
   giveBack(key: string, cost: number, stored: number): Promise<boolean> {
-    if (this.tats.get(key) !== stored) return Promise.resolve(false);
+    const id = storedKey(key);
+    if (this.tats.get(id) !== stored) return Promise.resolve(false);
     const tat = stored - spentBy(this.params, cost);
-    if (tat <= Math.round(this.clock() * 1_000)) this.tats.delete(key);
-    else this.tats.set(key, tat);
+    if (tat <= Math.round(this.clock() * 1_000)) this.tats.delete(id);
+    else this.tats.set(id, tat);
     return Promise.resolve(true);
   }
 
   reset(key: string): Promise<void> {
-    this.tats.delete(key);
+    this.tats.delete(storedKey(key));
     return Promise.resolve();
   }
 
@@ -127,6 +130,7 @@ export class RedisBucketStore implements BucketStore {
   // Keys known to be short of tokens, with when their bucket refills on this process's monotonic clock (µs). A take
   // whose cost a lower bound of that time already refuses is answered here without a round trip: it can only deny, and
   // only what Redis would deny too, so the bucket never admits more than it allows. Bounded: oldest write goes first.
+  // (Keyed by the bucket's Redis name, whose length is bounded whatever the key's.)
   private readonly denied = new Map<string, Short>();
   // Keys whose bucket changed (a reset, a give-back) while takes may still be on their way, with when (µs, monotonic),
   // oldest first: a reply to a take sent before that describes the bucket as it was, so it is not remembered (it would
@@ -153,8 +157,9 @@ export class RedisBucketStore implements BucketStore {
   }
 
   take(key: string, cost: number, commit: boolean, home?: TakeHome): Promise<Decision> {
+    const name = this.name(key);
     if (commit && this.denied.size > 0) {
-      const short = this.denied.get(key);
+      const short = this.denied.get(name);
       if (short !== undefined) {
         const now = nowUs();
         if (now < short.until && !decide(this.params, short.low, now, cost, false).decision.allowed) {
@@ -164,40 +169,41 @@ export class RedisBucketStore implements BucketStore {
         // answer replaces the entry.
       }
     }
-    return this.remote(key, cost, commit, home);
+    return this.remote(key, name, cost, commit, home);
   }
 
   giveBack(key: string, cost: number, stored: number): Promise<boolean> {
     // Tokens that come back make a remembered shortage wrong: let Redis answer the next take.
-    this.forget(key);
     const name = this.name(key);
+    this.forget(name);
     return this.call(() => REFUND.run(this.client, [name], [stored, spentBy(this.params, cost)])).then((r) => Number(r) === 1);
   }
 
-  /** The bucket of `key` changes now: what memory knows of it, and replies to takes sent before, no longer hold. */
-  private forget(key: string): void {
-    this.denied.delete(key);
+  /** The bucket `name` changes now: what memory knows of it, and replies to takes sent before, no longer hold. */
+  private forget(name: string): void {
+    this.denied.delete(name);
     const now = nowUs();
     const answered = now - this.timeout * 1_000;
     for (const [k, at] of this.changed) {
       if (at >= answered) break;
       this.changed.delete(k);
     }
-    this.changed.delete(key);
+    this.changed.delete(name);
     if (this.changed.size >= this.deniedMax) {
       const [oldest, at] = this.changed.entries().next().value as [string, number];
       this.changed.delete(oldest);
       this.changedBefore = at;
     }
-    this.changed.set(key, now);
+    this.changed.set(name, now);
   }
 
   async reset(key: string): Promise<void> {
-    this.forget(key);
+    const name = this.name(key);
+    this.forget(name);
     await this.call(() => {
       // After any take made before it, as the calls were made.
       sendPending(this.client);
-      return this.client.del(this.name(key));
+      return this.client.del(name);
     });
   }
 
@@ -206,10 +212,9 @@ export class RedisBucketStore implements BucketStore {
     return this.denied.size;
   }
 
-  private remote(key: string, cost: number, commit: boolean, home: TakeHome | undefined): Promise<Decision> {
+  private remote(key: string, name: string, cost: number, commit: boolean, home: TakeHome | undefined): Promise<Decision> {
     const sent = nowUs();
     // A plain chain rather than async functions: this runs for every take.
-    const name = this.name(key);
     return this.call(
       () => TAKE.run(this.client, [name], [this.params.burst, this.params.interval, commit ? '1' : '0', cost]),
       // A take that lands after its caller gave up (a stalled server) spent tokens nobody used: give them back while
@@ -226,16 +231,16 @@ export class RedisBucketStore implements BucketStore {
       // keep a remembered one up to date.
       if (
         commit &&
-        (!decision.allowed || decision.remaining < cost || this.denied.has(key)) &&
-        sent > (this.changed.get(key) ?? this.changedBefore)
+        (!decision.allowed || decision.remaining < cost || this.denied.has(name)) &&
+        sent > (this.changed.get(name) ?? this.changedBefore)
       ) {
-        this.remember(key, sent, after);
+        this.remember(name, sent, after);
       }
       return decision;
     });
   }
 
-  private remember(key: string, sent: number, refill: number): void {
+  private remember(name: string, sent: number, refill: number): void {
     // The server read its clock `refill` µs before the bucket is full again, at some instant between `sent` (when the
     // take was made: it may have waited for the end of the event loop's turn before going out) and now. Counted from
     // now, the refill time is never earlier than the real one, so a local answer's retryAfter and resetAfter are never
@@ -245,10 +250,10 @@ export class RedisBucketStore implements BucketStore {
     const now = nowUs();
     const tat = now + refill;
     const low = sent + refill - (now - sent);
-    this.denied.delete(key);
+    this.denied.delete(name);
     if (low <= now) return;
     makeRoom(this.denied, this.deniedMax);
-    this.denied.set(key, { tat, low, until: now + DENY_CACHE_MS * 1_000 });
+    this.denied.set(name, { tat, low, until: now + DENY_CACHE_MS * 1_000 });
   }
 
   /** Gives back the tokens of an admitting take whose caller gave up, while the bucket still holds what it stored. */

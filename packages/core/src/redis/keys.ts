@@ -1,9 +1,10 @@
 // Maps user keys onto Redis keys that can never escape the prefix, collide, or straddle Cluster hash slots.
 //
-// Every Redis name for user key K is `${prefix}{${encode(K)}}${suffix}`. encode() never emits '}', so the first '}'
-// after the prefix always closes the hash tag: all names of one key share a slot whatever K contains, and no suffix
-// of one key can be forged by another key. encode() is injective: it escapes '%' and '}' and spells out lone UTF-16
-// surrogates, which ioredis would otherwise turn into U+FFFD and so make distinct keys collide.
+// Every Redis name for user key K is `${prefix}{${stored(K)}}${suffix}`, where stored(K) is encode(K), or for a long key
+// a digest of it (storedKey). Neither ever holds '}', so the first '}' after the prefix always closes the hash tag: all
+// names of one key share a slot whatever K contains, and no suffix of one key can be forged by another key. encode() is
+// injective: it escapes '%' and '}' and spells out lone UTF-16 surrogates, which ioredis would otherwise turn into
+// U+FFFD and so make distinct keys collide.
 //
 // Redis takes the hash tag from the FIRST '{' of a name and the first '}' after it, so a prefix holding a complete tag
 // would decide the slot instead: `app{x}:` pins every key of every user to one slot (correct but one hot shard), and
@@ -12,6 +13,8 @@
 // 'app' and key 'x' under prefix 'app{' are both `app{{x}`. So every constructor refuses a '{' anywhere in a prefix
 // (checkPrefix), the token bucket too; then the first '{' of a name ends its prefix, and (prefix, key) pairs never share
 // a name. A '}' is harmless and allowed.
+
+import { createHash } from 'node:crypto';
 
 /** An injective, `}`-free spelling of a user key. */
 export function encodeKey(key: string): string {
@@ -34,9 +37,26 @@ export function encodeKey(key: string): string {
   return out;
 }
 
+/**
+ * Keys whose spelling is longer than this many characters are stored under a digest of it. A key often comes from the
+ * client (a phone number from the body, an id from the URL): without a bound, each request could leave a key of its
+ * body's size in Redis (a lock's fence key for an hour) or in the process.
+ */
+export const LONG_KEY_CHARS = 128;
+
+/**
+ * How a key is stored: {@link encodeKey}'s spelling, or for a long one `%#` and the base64url SHA-256 of that spelling
+ * (45 characters). Injective: `%#` never begins an escape of encodeKey, which only writes `%25`, `%7D` and `%u…`.
+ */
+export function storedKey(key: string): string {
+  const spelled = encodeKey(key);
+  if (spelled.length <= LONG_KEY_CHARS) return spelled;
+  return `%#${createHash('sha256').update(spelled).digest('base64url')}`;
+}
+
 /** The hash-tagged stem shared by every Redis name of `key`. */
 export function keyStem(prefix: string, key: string): string {
-  return `${prefix}{${encodeKey(key)}}`;
+  return `${prefix}{${storedKey(key)}}`;
 }
 
 /**
