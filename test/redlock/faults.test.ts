@@ -11,7 +11,8 @@ import {
   type RedlockOptions,
 } from '../../packages/core/src/index.js';
 import { lockNames, ownerName } from '../../packages/core/src/lock/redis-store.js';
-import { RELEASE } from '../../packages/core/src/lock/scripts.lua.js';
+import { EXTEND, RELEASE } from '../../packages/core/src/lock/scripts.lua.js';
+import type { AttemptResult, LockStore } from '../../packages/core/src/lock/store.js';
 import { startRedisNodes, stopAll } from '../harness/redis.js';
 import { abortReason, rejection, scriptCommands, until, within } from '../core/helpers.js';
 import { startProxy } from '../harness/proxy.js';
@@ -563,5 +564,89 @@ describe('Redlock reentrancy with faults', () => {
     const free = await c.locker.tryAcquire('k', { owner: 'w2' });
     expect(free).not.toBeNull();
     await free!.release();
+  });
+
+  it('takes an aborted waiter out of the line when its abandoned rounds, refused after its leave, end in a reentry grant', async () => {
+    const prefix = freshPrefix('abort-reentry');
+    const names = lockNames(prefix, 'k');
+    // The waiter reaches each node through a proxy that can hold its commands on their way; everyone else goes direct.
+    const proxies = await Promise.all(nodes.nodes.map((n) => startProxy(n.port)));
+    const clients = proxies.map((p) => new Redis({ host: '127.0.0.1', port: p.port }).on('error', () => undefined));
+    // Rounds of 100 ms, 300-600 ms apart: room to act between them, and enough of them to outlast the scenario.
+    const waiter = new Redlock(clients, { prefix, nodeTimeout: 100, retryCount: 10, retryDelay: 300 });
+    made.push({ locker: waiter, clients });
+    // The attempt an abort abandons goes on in the background: kept here, so the test can tell when it has settled.
+    const store = (waiter as unknown as { store: Pick<LockStore, 'attempt'> }).store;
+    const attempt = store.attempt.bind(store);
+    let latest: Promise<AttemptResult> | undefined;
+    store.attempt = (...args) => (latest = attempt(...args));
+    const all = [0, 1, 2, 3, 4];
+    const line = (i: number) => nodes.admins[i]!.zrange(names.queue, 0, -1);
+    const lines = async (length: number) => (await Promise.all(all.map(line))).every((l) => l.length === length);
+    /** Whether `name` has a place in the line, node by node. */
+    const placed = async (name: string, ids: readonly number[]) =>
+      (await Promise.all(ids.map((i) => nodes.admins[i]!.zscore(names.queue, name)))).map((place) => place !== null);
+    try {
+      const held = await redlock({ prefix }).locker.acquire('k', { owner: 'P', ttl: 30_000 });
+      await onEveryNode(prefix, 'k');
+      // Two waiters of owner O: `first` ahead in the line, the proxied one behind it.
+      const first = redlock({ prefix }).locker.acquire('k', { owner: 'O', wait: 10_000 });
+      await until(() => lines(1), 2_000, 'the first waiter to join every line');
+      const firstName = (await line(0))[0]!;
+      const subscribed = Promise.all(proxies.map((p) => p.sent('subscribe')));
+      const controller = new AbortController();
+      const waiting = rejection(waiter.acquire('k', { owner: 'O', wait: 10_000, signal: controller.signal }));
+      await within(subscribed, 2_000, 'the second waiter to listen');
+      await until(() => lines(2), 2_000, 'the second waiter to join every line');
+      const name = (await line(0)).find((n) => n !== firstName)!;
+
+      // Its next attempt is held on every node: the round times out, and the attempt retries.
+      const deliver = proxies.map((p) => p.holdCommands());
+      const attempted = proxies[0]!.sent('evalsha');
+      await Promise.all(nodes.admins.map((a) => a.publish(names.channel, '')));
+      await within(attempted, 2_000, 'the woken waiter to attempt');
+      // Nodes 0 and 1 get it and refuse it (P holds); nodes 2-4 still hold it, so the round misses its quorum.
+      deliver[0]!();
+      deliver[1]!();
+      controller.abort(new Error('gave up'));
+      expect(await within(waiting, 1_000, 'the aborted acquire')).toMatchObject({ message: 'gave up' });
+      // The acquire's leave takes it out of the line on nodes 0 and 1 (nodes 2-4 get it later); then the abandoned
+      // attempt's next round, refused there too, puts it back.
+      await until(async () => (await placed(name, [0, 1])).every((p) => !p), 2_000, 'the leave on nodes 0 and 1');
+      await until(async () => (await placed(name, [0, 1])).every((p) => p), 2_000, 'a refused round after the leave on nodes 0 and 1');
+
+      // P goes; `first` takes the lock for O on every node, so the waiter's rounds re-enter it from now on.
+      expect(await held.release()).toBe(true);
+      const outer = await within(first, 2_000, 'the first waiter');
+      await onEveryNode(prefix, 'k', "O's lock on every node");
+      // Nodes 2-4 let the held commands through once a round started after that (so no round in flight was refused on
+      // nodes 0 and 1): that round, or the next one, re-enters O's lock on all five nodes.
+      await within(proxies[0]!.sent('evalsha'), 2_000, 'a round that re-enters');
+      for (const d of deliver.slice(2)) d();
+      const late = await within(latest!, 3_000, 'the abandoned attempt');
+      expect(late).toMatchObject({ ok: true, nested: true, token: outer.token });
+
+      // A script call on each of the waiter's connections runs after what the locker sent there when the attempt
+      // settled (calls on one connection keep their order): the hand-back, and the leave.
+      await Promise.all(clients.map((c) => EXTEND.run(c, [names.lock], ['barrier', 1])));
+      // Left in the line on nodes 0 and 1, its place would come first there once O releases. (It lapses 1.5 s after the
+      // refused round that put it back; this check comes within a retry delay and a round of that, under a second.)
+      expect(await placed(name, all), "the waiter's place, node by node").toEqual([false, false, false, false, false]);
+      // The nested holds went back (late ones too): O's release frees the key on every node, and nobody is in line.
+      await until(
+        async () => (await Promise.all(all.map((i) => nodes.lockOn(i, prefix, 'k')))).every((l) => l?.n === '1' && l.t === outer.token),
+        2_000,
+        'the nested holds to be handed back',
+      );
+      expect(await outer.release()).toBe(true);
+      await noLockLeft(prefix, 'k', 'the key to be free');
+      for (const i of all) expect(await line(i), `the line on node ${i}`).toEqual([]);
+      const t = await timed(() => within(redlock({ prefix }).locker.acquire('k', { wait: 5_000 }), 6_000, 'the next waiter'));
+      expect(t.error).toBeUndefined();
+      expect(t.ms).toBeLessThan(500);
+      await (t.value as Lease).release();
+    } finally {
+      await Promise.all(proxies.map((p) => p.close()));
+    }
   });
 });
