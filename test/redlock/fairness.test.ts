@@ -4,6 +4,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Lease, Redlock } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import type { LockStore } from '../../packages/core/src/lock/store.js';
 import { REDLOCK_GRACE_MS, REDLOCK_HEARTBEAT_MS, REDLOCK_POLL_MS } from '../../packages/core/src/lock/scripts.lua.js';
 import { startRedisNodes, stopAll } from '../harness/redis.js';
 import { until, within } from '../core/helpers.js';
@@ -60,8 +61,16 @@ async function heldWithWaiter(tag: string): Promise<{ prefix: string; key: strin
   const [a, b] = [redlock(prefix), redlock(prefix)];
   const held = await a.acquire(key, { ttl: 30_000 });
   await heldEverywhere(prefix, key);
+  // The waiter's attempts, counted as they settle: the first joins the line, the second follows its subscription to
+  // wake-ups. Once that one is answered the waiter sleeps until woken, or its next poll (REDLOCK_POLL_MS away); a
+  // release before it would race the second attempt, which could find the lock free and take it without any wake-up.
+  const store = (b as unknown as { store: Pick<LockStore, 'attempt'> }).store;
+  const attempt = store.attempt.bind(store);
+  let settled = 0;
+  store.attempt = (...args) => attempt(...args).finally(() => settled++);
   const waiter = b.acquire(key, { ttl: 10_000, wait: 10_000 });
   await inLineEverywhere(prefix, key, 1);
+  await until(async () => settled >= 2, 5_000, 'the waiter to listen and try again');
   return { prefix, key, held, waiter };
 }
 
