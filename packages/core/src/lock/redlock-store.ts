@@ -129,6 +129,8 @@ export class RedlockStore implements LockStore {
     // Nodes that answered, after the round was decided, that they no longer held the lock; then how to restore it there.
     const lateMissing: number[] = [];
     let restore: ((i: number) => void) | undefined;
+    // Set once the lease is found lost: a node that kept (and so prolonged) its lock is handed back.
+    let drop: ((i: number) => void) | undefined;
     const outcomes = await boundedAll(
       this.clients,
       timeout,
@@ -136,7 +138,10 @@ export class RedlockStore implements LockStore {
       Number,
       (o) => count(o, (v) => v >= 0) >= q || count(o, (v) => v < 0) > this.clients.length - q,
       (i, v) => {
-        if (v >= 0) return;
+        if (v >= 0) {
+          drop?.(i);
+          return;
+        }
         if (restore !== undefined) restore(i);
         else lateMissing.push(i);
       },
@@ -150,7 +155,12 @@ export class RedlockStore implements LockStore {
       }
       return kthLargest(kept, q);
     }
-    if (count(outcomes, (v) => v < 0) > this.clients.length - q) return null;
+    if (count(outcomes, (v) => v < 0) > this.clients.length - q) {
+      // Lost: the nodes that kept the lock just prolonged it for nobody (with 2q > N + 1 they alone keep everyone out).
+      drop = (i) => void this.releaseOn(this.clients[i]!, n, token, this.s.timeout).catch(() => undefined);
+      for (const [i, o] of outcomes.entries()) if (o?.ok && o.value >= 0) drop(i);
+      return null;
+    }
     throw this.unavailable('extend', outcomes);
   }
 
@@ -271,9 +281,12 @@ export class RedlockStore implements LockStore {
       // once none can get one and the answers so far already tell what kind of failure it is (down, busy, split).
       (o) => {
         const { best, pending, failed, busy } = roundSoFar(o);
-        if (best >= q || failed > total - q || busy > total - q) return true;
-        if (best + pending >= q) return false;
-        return pending === 0 || (failed + pending <= total - q && busy + pending <= total - q);
+        if (best >= q) return true;
+        if (best + pending >= q && failed <= total - q && busy <= total - q) return false;
+        // Nobody can win this round: settle once the silent nodes cannot change what kind of failure it is.
+        if (pending === 0) return true;
+        const kind = failureKind(failed, busy, total, q);
+        return kind === failureKind(failed + pending, busy, total, q) && kind === failureKind(failed, busy + pending, total, q);
       },
       stray,
     );
@@ -309,12 +322,13 @@ export class RedlockStore implements LockStore {
       // Granted somewhere while another waiter is first elsewhere: the nodes' lines disagree (a waiter is missing from
       // a node it could not reach). This round joined the line wherever it was missing, so the next one can agree.
       const linesDisagree = line !== undefined && busy.includes(-1) && grants.some((g) => g?.token === token);
-      if (failed > total - q) result = this.unavailable('acquire', outcomes);
+      const kind = failureKind(failed, busy.length, total, q);
+      if (kind === 'down') result = this.unavailable('acquire', outcomes);
       else if (linesDisagree) {
         result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
         SPLIT_VOTES.add(result);
         LINE_SPLITS.add(result);
-      } else if (busy.length > total - q) result = { ok: false, pttl: Math.min(...busy) };
+      } else if (kind === 'busy') result = { ok: false, pttl: Math.min(...busy) };
       // A split vote (no holder has a quorum): the caller tries again after a pause, as Redlock prescribes.
       else {
         result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
@@ -458,6 +472,19 @@ export class RedlockStore implements LockStore {
 }
 
 // The counters below run on every node's answer of every round: plain loops, no intermediate arrays.
+
+/**
+ * Why a round that nobody won failed: 'down' when too many nodes failed for anyone to reach a quorum; 'busy' when
+ * refusals alone keep the caller from one and someone else may hold one (on the refusing nodes, with the failed ones);
+ * else 'split'. "More than N − q refusals" alone means only that this caller cannot win: with 2q > N + 1 (N even, or a
+ * quorum above a bare majority) it leaves room for a split where nobody holds the key, and two callers of a double
+ * submit would both walk away busy from a free key.
+ */
+function failureKind(failed: number, busy: number, total: number, q: number): 'busy' | 'down' | 'split' {
+  if (failed > total - q) return 'down';
+  if (busy > total - q && busy + failed >= q) return 'busy';
+  return 'split';
+}
 
 function pendingCount(outcomes: readonly Outcome<unknown>[]): number {
   let n = 0;

@@ -1,0 +1,94 @@
+// Redlock where 2q > N + 1 (an even number of nodes, or a quorum above a bare majority): "more than N − q nodes
+// refused" then says only that this caller cannot win, not that somebody holds the key, and "more than N − q nodes no
+// longer hold the lease" leaves the others holding it for nobody. Five private redis-server masters, used 2 to 5 at a
+// time.
+import type { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LockLostError, RedisLock, Redlock } from '../../packages/core/src/index.js';
+import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { startRedisNodes, stopAll } from '../harness/redis.js';
+import { until } from '../core/helpers.js';
+import { freshPrefix, Nodes } from './support.js';
+
+let nodes: Nodes;
+const made: { locker: Redlock | RedisLock; clients: Redis[] }[] = [];
+
+beforeAll(async () => {
+  nodes = new Nodes(await startRedisNodes(5));
+});
+
+afterAll(async () => {
+  for (const m of made) {
+    m.locker.close();
+    for (const c of m.clients) c.disconnect();
+  }
+  nodes?.close();
+  await stopAll();
+});
+
+/** A Redlock on the first `count` nodes, with connections of its own. */
+function redlockOn(count: number, prefix: string, quorum?: number): Redlock {
+  const clients = nodes.nodes.slice(0, count).map((n) => n.client());
+  const locker = new Redlock(clients, { prefix, ...(quorum === undefined ? {} : { quorum }) });
+  made.push({ locker, clients });
+  return locker;
+}
+
+// [nodes, quorum (undefined: the default), nodes holding a short stale lock of someone else]: the stale lock is on more
+// than N − q nodes, so this caller cannot win the first round, but on fewer than q, so nobody holds the key either.
+const splits: [number, number | undefined, number[]][] = [
+  [4, undefined, [2, 3]],
+  [2, undefined, [1]],
+  [3, 3, [2]],
+];
+
+describe.each(splits)('on %i nodes, quorum %s, a stale lock on nodes %j', (count, quorum, stale) => {
+  it('tryAcquire with wait 0 takes the refusals for a split vote, retries, and wins once the stale lock is gone', async () => {
+    const prefix = freshPrefix('quorum-split');
+    const locker = redlockOn(count, prefix, quorum);
+    const stales = stale.map((i) => {
+      const s = new RedisLock(nodes.admins[i]!, { prefix });
+      made.push({ locker: s, clients: [] });
+      return s;
+    });
+    for (let round = 0; round < 3; round++) {
+      const key = `order:${round}`;
+      // What the other half of a double submit leaves for a moment.
+      for (const s of stales) expect(await s.tryAcquire(key, { ttl: 40 })).not.toBeNull();
+      const started = performance.now();
+      const lease = await locker.tryAcquire(key, { ttl: 5_000 });
+      expect(lease, `round ${round}: not busy, since nobody holds a quorum`).not.toBeNull();
+      // It waited for a retry after the stale lock's 40 ms, and not for much more than the retries allow.
+      expect(performance.now() - started).toBeGreaterThanOrEqual(35);
+      expect(performance.now() - started).toBeLessThan(2_000);
+      await lease!.release();
+    }
+  });
+});
+
+it.each([
+  [3, 3, [2]],
+  [4, undefined, [2, 3]],
+  [5, undefined, [2, 3, 4]],
+] as [number, number | undefined, number[]][])(
+  'on %i nodes, quorum %s, an extension that finds the lease lost on nodes %j frees it where it was kept',
+  async (count, quorum, lost) => {
+    const prefix = freshPrefix('quorum-lost');
+    const holder = redlockOn(count, prefix, quorum);
+    const other = redlockOn(count, prefix, quorum);
+    const lease = await holder.acquire('k', { ttl: 5_000 });
+    const name = lockNames(prefix, 'k').lock;
+    // Every node holds it (the acquire settled at the quorum; the others' grants follow).
+    const held = async () => Promise.all(nodes.admins.slice(0, count).map(async (a) => (await a.exists(name)) === 1));
+    await until(async () => (await held()).every(Boolean), 2_000, 'the lock on every node');
+    // The lock goes missing where a node lost its data (restarted empty): the same as deleting it there.
+    for (const i of lost) await nodes.admins[i]!.del(name);
+    await expect(lease.extend(20_000)).rejects.toBeInstanceOf(LockLostError);
+    // The nodes that still held it were just extended for 20 s, for a lease that is over: they let it go, so that the
+    // key is free for the next caller (with 2q > N + 1 they alone would keep everyone out).
+    await until(async () => !(await held()).some(Boolean), 2_000, 'the lock to be freed where it was kept');
+    const next = await other.tryAcquire('k', { ttl: 1_000 });
+    expect(next).not.toBeNull();
+    await next!.release();
+  },
+);
