@@ -109,6 +109,61 @@ const LABEL = 'import';
 const deepImport = () => import('@hasp/core/dist/index.js');
 ${checks}`;
 
+// What a TypeScript user writes against the packages: options given as possibly-undefined values (which the runtime
+// takes as "not given"), the subpath entry point, and both adapters.
+const consumerTs = `import { Redis } from 'ioredis';
+import express from 'express';
+import Koa from 'koa';
+import { MemoryLock, RedisLock, TokenBucket, type Lease } from '@hasp/core';
+import { RateLimiter, type StoreStateEvent } from '@hasp/core/http';
+import { rateLimit, withLock } from '@hasp/express';
+import { rateLimit as koaRateLimit, withLock as koaWithLock } from '@hasp/koa';
+
+const url: string | undefined = process.env['REDIS_URL'];
+const redis: Redis | undefined = url === undefined ? undefined : new Redis(url, { lazyConnect: true });
+const ttl: number | undefined = process.env['TTL'] === undefined ? undefined : Number(process.env['TTL']);
+const signal: AbortSignal | undefined = undefined;
+
+const app = express();
+app.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (req) => String(req.body?.phone), handler: undefined }), (_req, res) => {
+  res.end();
+});
+app.post('/orders/:id', withLock((req) => \`order:\${req.params.id}\`, { redis, ttl, wait: undefined }), (req, res) => {
+  const lease: Lease | undefined = req.lock;
+  res.json({ fence: lease?.fence });
+});
+const koa = new Koa();
+koa.use(koaRateLimit({ capacity: 1, rate: 1, redis, onStoreState: (e: StoreStateEvent) => void e.state }));
+koa.use(koaWithLock((ctx) => ctx.path, { redis, autoExtend: undefined }));
+const limiter = new RateLimiter({ capacity: 1, rate: 1 }, () => 'k');
+void limiter;
+void new TokenBucket({ capacity: 1, rate: 1, redis, prefix: undefined });
+void new MemoryLock({ ttl }).acquire('k', { ttl, signal, owner: undefined });
+if (redis !== undefined) void new RedisLock(redis, { timeout: undefined });
+`;
+
+/** Compiler settings every consumer project shares: as strict as users make them, libraries checked too. */
+const strictest = {
+  strict: true,
+  exactOptionalPropertyTypes: true,
+  noUncheckedIndexedAccess: true,
+  skipLibCheck: false,
+  // @types/koa 3 reads the Options type of @types/content-disposition; npm hoists content-disposition itself (a
+  // dependency of koa 3, with types of its own and no such export) to where that import finds it first.
+  paths: { 'content-disposition': ['./node_modules/@types/content-disposition'] },
+  esModuleInterop: true,
+  noEmit: true,
+  types: ['node'],
+};
+
+/** Module settings users have: Node's own resolution, a bundler's, and TypeScript's old CommonJS one (no exports map). */
+const consumerConfigs: Record<string, object> = {
+  nodenext: { module: 'nodenext', moduleResolution: 'nodenext', files: ['consumer.ts', 'consumer.mts'] },
+  node16: { module: 'node16', moduleResolution: 'node16', files: ['consumer.ts', 'consumer.mts'] },
+  bundler: { module: 'preserve', moduleResolution: 'bundler', files: ['consumer.ts'] },
+  node10: { module: 'commonjs', moduleResolution: 'node10', ignoreDeprecations: '6.0', files: ['consumer.ts'] },
+};
+
 describe('packed packages', () => {
   let work: string;
   let scratch: string;
@@ -147,6 +202,7 @@ describe('packed packages', () => {
           version: '0.0.0',
           private: true,
           dependencies: { ...dependencies, ioredis: '^5', express: '^5', koa: '^3' },
+          devDependencies: { '@types/express': '^5', '@types/koa': '^3', '@types/node': '^20' },
           // The adapters' `@hasp/core` range must be met by the tarball, never by the registry.
           overrides: { '@hasp/core': '$@hasp/core' },
         },
@@ -156,6 +212,12 @@ describe('packed packages', () => {
     );
     await writeFile(path.join(scratch, 'check.cjs'), cjsScript);
     await writeFile(path.join(scratch, 'check.mjs'), esmScript);
+    await writeFile(path.join(scratch, 'consumer.ts'), consumerTs);
+    await writeFile(path.join(scratch, 'consumer.mts'), consumerTs);
+    for (const [name, { files, ...module }] of Object.entries(consumerConfigs) as [string, { files: string[] }][]) {
+      const config = { compilerOptions: { ...strictest, ...module }, files };
+      await writeFile(path.join(scratch, `tsconfig.${name}.json`), JSON.stringify(config, null, 2));
+    }
 
     await exec('npm', ['install', '--no-audit', '--no-fund', '--prefer-offline', '--loglevel=error'], {
       cwd: scratch,
@@ -166,6 +228,11 @@ describe('packed packages', () => {
   afterAll(async () => {
     if (work) await rm(work, { recursive: true, force: true });
   });
+
+  it.each(Object.keys(consumerConfigs))('type-checks for a strict TypeScript project with %s resolution', async (name) => {
+    // The repository's own compiler, on the scratch project's installed packages and types.
+    await exec(path.join(root, 'node_modules', '.bin', 'tsc'), ['-p', `tsconfig.${name}.json`], { cwd: scratch, timeout: 120_000 });
+  }, TIMEOUT_MS);
 
   for (const [kind, file] of [
     ['require()', 'check.cjs'],

@@ -11,23 +11,23 @@ export interface AcquireOptions {
    * Milliseconds the lock lives without extension.
    * @default the locker's `ttl` (30_000)
    */
-  ttl?: number;
+  ttl?: number | undefined;
   /**
    * Milliseconds to keep trying while the key is busy. Waiters queue, and the lock goes to them in order of arrival,
    * across processes: a release wakes the first one (pub/sub on Redis), with polling only as a fallback.
    * @default the locker's `wait` (0: fail fast)
    */
-  wait?: number;
+  wait?: number | undefined;
   /**
    * Reentrancy: acquiring a key already held by the same owner returns a nested lease on the same lock
    * (same token and fence). The lock is freed when every nested lease is released.
    */
-  owner?: string;
+  owner?: string | undefined;
   /**
    * Stops the call at once, also while an attempt waits on Redis: it rejects with the signal's reason (a lock granted
    * after that is given back).
    */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
 }
 
 /** Options of {@link Locker.using}. */
@@ -37,7 +37,7 @@ export interface UsingOptions extends AcquireOptions {
    * `lease.signal` aborts with a {@link LockLostError} so the function can stop.
    * @default true
    */
-  autoExtend?: boolean;
+  autoExtend?: boolean | undefined;
 }
 
 /** A held lock. Obtained from {@link Locker.acquire}, {@link Locker.tryAcquire} or {@link Locker.using}. */
@@ -117,18 +117,18 @@ export interface LockerOptions {
    * Default `ttl` of leases, in ms.
    * @default 30_000
    */
-  ttl?: number;
+  ttl?: number | undefined;
   /**
    * Default `wait`, in ms.
    * @default 0
    */
-  wait?: number;
+  wait?: number | undefined;
   /**
    * Called for failures that happen in the background (auto-extension, release inside `using`, a lost lease),
    * which are never thrown as unhandled rejections.
    * @default none
    */
-  onError?: (event: LockErrorEvent) => void;
+  onError?: ((event: LockErrorEvent) => void) | undefined;
 }
 
 /** Options of {@link RedisLock}. */
@@ -137,13 +137,13 @@ export interface RedisLockOptions extends LockerOptions {
    * Prefix of every Redis key and channel this locker uses.
    * @default 'hasp:lock:'
    */
-  prefix?: string;
+  prefix?: string | undefined;
   /**
    * Milliseconds one Redis round trip may take before the operation fails with {@link LockUnavailableError}.
    * While the client is reconnecting, operations fail at once instead of queueing.
    * @default 2_000
    */
-  timeout?: number;
+  timeout?: number | undefined;
 }
 
 /** Options of {@link Redlock}. */
@@ -152,28 +152,28 @@ export interface RedlockOptions extends RedisLockOptions {
    * Share of the ttl taken off a lease's validity for clock drift between nodes: drift = ttl × driftFactor + 2 ms.
    * @default 0.01
    */
-  driftFactor?: number;
+  driftFactor?: number | undefined;
   /**
    * Number of nodes that must agree.
    * @default Math.floor(N / 2) + 1
    */
-  quorum?: number;
+  quorum?: number | undefined;
   /**
    * Milliseconds one node may take to answer before it counts as failed for this attempt. Kept far below the ttl.
    * @default min(timeout, max(100, ttl / 100)) per attempt; keys longer than 2 KiB add 1 ms per 2 KiB to it (explicit values too)
    */
-  nodeTimeout?: number;
+  nodeTimeout?: number | undefined;
   /**
    * Further attempts after an attempt failed for lack of quorum because nodes were down or slow, or because the vote
    * split (racing callers each won a minority of a free key). Busy keys are retried within `wait` instead.
    * @default 2
    */
-  retryCount?: number;
+  retryCount?: number | undefined;
   /**
    * Base delay in ms before such a retry; a random jitter of up to the same amount is added.
    * @default 50
    */
-  retryDelay?: number;
+  retryDelay?: number | undefined;
 }
 
 /** Options of {@link MemoryLock}. */
@@ -183,7 +183,7 @@ export interface MemoryLockOptions extends LockerOptions {
    * keeps its keys in its own store, where no prefix is needed.
    * @default 'hasp:lock:'
    */
-  prefix?: string;
+  prefix?: string | undefined;
   /**
    * Clock in epoch ms; injectable so tests can move time without sleeping. It decides who holds a key and each
    * lease's `expiresAt`; a lease's `signal` aborts on expiry by a real timer, or when it is read after the clock has
@@ -192,7 +192,7 @@ export interface MemoryLockOptions extends LockerOptions {
    * @default epoch ms on the monotonic clock (`Date.now()` when hasp was loaded, plus `performance.now()` since): a
    *   stepped system clock neither frees held locks nor stretches leases
    */
-  clock?: () => number;
+  clock?: (() => number) | undefined;
 }
 
 /** The outcome of {@link TokenBucket.take} and {@link TokenBucket.peek}. A denial is a value, not an exception. */
@@ -219,20 +219,20 @@ export interface TokenBucketOptions {
    * Where buckets live. Absent: in memory, for this process only.
    * @default none (in-memory)
    */
-  redis?: RedisClient;
+  redis?: RedisClient | undefined;
   /**
    * Prefix of every Redis key.
    * @default 'hasp:tb:'
    */
-  prefix?: string;
+  prefix?: string | undefined;
   /**
    * Milliseconds one Redis round trip may take before `take` rejects. While the client is reconnecting, calls fail at once.
    * @default 2_000
    */
-  timeout?: number;
+  timeout?: number | undefined;
   /**
    * Clock of the in-memory store in epoch ms (ignored with `redis`, which uses the Redis server's clock).
    * @default Date.now
    */
-  clock?: () => number;
+  clock?: (() => number) | undefined;
 }

@@ -65,7 +65,7 @@ export interface RateLimitOptions<
    * Answer denied requests yourself instead of passing a 429 to `next(err)`.
    * @default none: `next(err)` with a 429 `http-errors` error, code `RATE_LIMITED`
    */
-  handler?: RateLimitHandler<P, ResBody, ReqBody, ReqQuery, Locals>;
+  handler?: RateLimitHandler<P, ResBody, ReqBody, ReqQuery, Locals> | undefined;
 }
 /* eslint-enable @typescript-eslint/no-explicit-any */
 

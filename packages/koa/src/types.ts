@@ -22,7 +22,7 @@ export interface RateLimitOptions<StateT = DefaultState, ContextT = DefaultConte
    * Answer denied requests yourself instead of throwing a 429.
    * @default none: throws a 429 `http-errors` error, code `RATE_LIMITED`
    */
-  handler?: RateLimitHandler<StateT, ContextT>;
+  handler?: RateLimitHandler<StateT, ContextT> | undefined;
 }
 
 /** Options of {@link withLock}. */

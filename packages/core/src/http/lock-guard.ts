@@ -18,30 +18,30 @@ export interface WithLockBaseOptions {
    * The locker: any `RedisLock`, `Redlock`, `MemoryLock` or other `Locker`.
    * @default built from `redis`, else one `MemoryLock` shared by every withLock of this process
    */
-  locker?: Locker;
+  locker?: Locker | undefined;
   /**
    * One ioredis client: a `RedisLock` on it; an array of clients of independent masters: a `Redlock` over them.
    * Lockers built this way are shared by every withLock given the same client(s).
    * @default none
    */
-  redis?: RedisClient | readonly RedisClient[];
+  redis?: RedisClient | readonly RedisClient[] | undefined;
   /**
    * Milliseconds the lock lives without extension.
    * @default the locker's ttl (30_000)
    */
-  ttl?: number;
+  ttl?: number | undefined;
   /**
    * Milliseconds to wait for a busy lock before answering 423. A client that disconnects while its request waits stops
    * the wait: the handler does not run, and the app's error handling gets a 499 (code `CLIENT_CLOSED_REQUEST`) for its
    * logs. (Only with this option: a locker's own default wait is not watched.)
    * @default the locker's wait (0: answer at once)
    */
-  wait?: number;
+  wait?: number | undefined;
   /**
    * Extend the lock before it expires for as long as the request is being handled.
    * @default true
    */
-  autoExtend?: boolean;
+  autoExtend?: boolean | undefined;
 }
 
 /** A lock held for one request. */

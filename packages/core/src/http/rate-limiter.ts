@@ -19,20 +19,20 @@ export type StoreErrorPolicy = 'memory' | 'open' | 'closed';
 /** Options of `rateLimit()` shared by both adapters; `Arg` is Express's `req` or Koa's `ctx`. */
 export interface RateLimitBaseOptions<Arg> {
   /** Bucket size (> 0): the largest burst. Required unless `bucket` is given. */
-  capacity?: number;
+  capacity?: number | undefined;
   /** Refill rate: tokens per second, or `'2/s'`, `'30/min'`, `'100/h'`, `'1000/d'`. Required unless `bucket` is given. */
-  rate?: number | string;
+  rate?: number | string | undefined;
   /**
    * Where the buckets live: an ioredis `Redis` or `Cluster`.
    * @default none: in this process's memory
    */
-  redis?: RedisClient;
+  redis?: RedisClient | undefined;
   /**
    * A prepared `TokenBucket` (e.g. shared between routes), instead of `capacity`, `rate` and `redis` (giving any of
    * them as well throws).
    * @default none
    */
-  bucket?: BucketLike;
+  bucket?: BucketLike | undefined;
   /**
    * The bucket key: a string, or a function of the request (may be async). `undefined` skips limiting for that request;
    * a function that throws or returns anything but a non-empty string or `undefined` is a 500 (code `INVALID_KEY`)
@@ -41,17 +41,17 @@ export interface RateLimitBaseOptions<Arg> {
    *   which follows `app.proxy`), IPv4-mapped IPv6 as IPv4, other IPv6 grouped by /64; without a trusted proxy,
    *   `X-Forwarded-For` and `Forwarded` are ignored
    */
-  key?: string | KeyFunction<Arg>;
+  key?: string | KeyFunction<Arg> | undefined;
   /**
    * Tokens one request takes: a number, or a function of the request (may be async).
    * @default 1
    */
-  cost?: number | CostFunction<Arg>;
+  cost?: number | CostFunction<Arg> | undefined;
   /**
    * Send the `RateLimit-Policy` and `RateLimit` response fields.
    * @default true
    */
-  headers?: boolean;
+  headers?: boolean | undefined;
   /**
    * The policy name in those fields (printable ASCII). On Redis, buckets built from `capacity`/`rate` are stored under
    * it (`hasp:tb:<policy>:{<key>}`), so limiters with the same policy name on the same Redis share a budget per key;
@@ -59,7 +59,7 @@ export interface RateLimitBaseOptions<Arg> {
    * its name: to share one, pass the same `bucket`.
    * @default 'default'
    */
-  policy?: string;
+  policy?: string | undefined;
   /**
    * When Redis fails (an error, or no answer within the bucket's timeout, 2 s): `'memory'` takes from a per-process
    * bucket of the same capacity and rate; `'open'` lets requests through unlimited (no RateLimit fields); `'closed'`
@@ -72,14 +72,14 @@ export interface RateLimitBaseOptions<Arg> {
    * counting as an outage: the other keys keep going to Redis.
    * @default 'memory'
    */
-  onStoreError?: StoreErrorPolicy;
+  onStoreError?: StoreErrorPolicy | undefined;
   /**
    * Told when the bucket's Redis goes down (`{ state: 'down', error }`: a call failed, and requests now follow
    * `onStoreError`) and when it answers again (`{ state: 'up' }`): once per outage, however many requests meet it, so
    * it can log or count without flooding. A hook that throws is ignored. Never called for in-memory buckets.
    * @default none
    */
-  onStoreState?: (event: StoreStateEvent) => void;
+  onStoreState?: ((event: StoreStateEvent) => void) | undefined;
 }
 
 /**

@@ -16,7 +16,7 @@ export const REDIS_LOCK_DEFAULTS = { prefix: 'hasp:lock:', timeout: 2_000, drift
  *
  * @example
  * ```ts
- * import Redis from 'ioredis';
+ * import { Redis } from 'ioredis';
  * import { RedisLock } from '@hasp/core';
  * const locks = new RedisLock(new Redis());
  * await locks.using('order:42', async (lease) => {

@@ -20,7 +20,7 @@ export const REDLOCK_DEFAULTS = { retryCount: 2, retryDelay: 50 } as const;
  *
  * @example
  * ```ts
- * import Redis from 'ioredis';
+ * import { Redis } from 'ioredis';
  * import { Redlock } from '@hasp/core';
  * const locks = new Redlock([6379, 6380, 6381, 6382, 6383].map((port) => new Redis(port)));
  * const lease = await locks.acquire('invoice:7', { ttl: 10_000, wait: 2_000 });
