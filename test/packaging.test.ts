@@ -229,6 +229,12 @@ describe('packed packages', () => {
     if (work) await rm(work, { recursive: true, force: true });
   });
 
+  it.each(packages)('ships @hasp/%s with its licence text, README and build, and nothing else', (name) => {
+    const installed = path.join(scratch, 'node_modules', '@hasp', name);
+    expect(fs.readFileSync(path.join(installed, 'LICENSE'), 'utf8')).toMatch(/^MIT License/);
+    expect(fs.readdirSync(installed).sort()).toEqual(['LICENSE', 'README.md', 'dist', 'package.json']);
+  });
+
   it.each(Object.keys(consumerConfigs))('type-checks for a strict TypeScript project with %s resolution', async (name) => {
     // The repository's own compiler, on the scratch project's installed packages and types.
     await exec(path.join(root, 'node_modules', '.bin', 'tsc'), ['-p', `tsconfig.${name}.json`], { cwd: scratch, timeout: 120_000 });
