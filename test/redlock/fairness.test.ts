@@ -11,25 +11,18 @@ import { until, within } from '../core/helpers.js';
 import { freshPrefix, Nodes } from './support.js';
 
 let nodes: Nodes;
-const made: { locker: Redlock; clients: { disconnect(): void }[] }[] = [];
 
 beforeAll(async () => {
   nodes = new Nodes(await startRedisNodes(5));
 });
 
 afterAll(async () => {
-  for (const m of made) {
-    m.locker.close();
-    for (const c of m.clients) c.disconnect();
-  }
   nodes?.close();
   await stopAll();
 });
 
 function redlock(prefix: string): Redlock {
-  const m = nodes.redlock({ prefix });
-  made.push(m);
-  return m.locker;
+  return nodes.redlock({ prefix }).locker;
 }
 
 /** How many waiters are in `key`'s line on node `i`. */
@@ -212,7 +205,6 @@ describe('Redlock waiting line', () => {
     const key = 'k';
     const a = redlock(prefix);
     const m = nodes.redlock({ prefix });
-    made.push(m);
     const held = await a.acquire(key, { ttl: 30_000 });
     await heldEverywhere(prefix, key);
     const waiter = m.locker.acquire(key, { ttl: 10_000, wait: 10_000 });

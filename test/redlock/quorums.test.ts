@@ -2,8 +2,7 @@
 // refused" then says only that this caller cannot win, not that somebody holds the key, and "more than N − q nodes no
 // longer hold the lease" leaves the others holding it for nobody. Five private redis-server masters, used 2 to 5 at a
 // time.
-import type { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { LockLostError, RedisLock, Redlock } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { startRedisNodes, stopAll } from '../harness/redis.js';
@@ -11,27 +10,19 @@ import { until } from '../core/helpers.js';
 import { freshPrefix, Nodes } from './support.js';
 
 let nodes: Nodes;
-const made: { locker: Redlock | RedisLock; clients: Redis[] }[] = [];
 
 beforeAll(async () => {
   nodes = new Nodes(await startRedisNodes(5));
 });
 
 afterAll(async () => {
-  for (const m of made) {
-    m.locker.close();
-    for (const c of m.clients) c.disconnect();
-  }
   nodes?.close();
   await stopAll();
 });
 
 /** A Redlock on the first `count` nodes, with connections of its own. */
 function redlockOn(count: number, prefix: string, quorum?: number): Redlock {
-  const clients = nodes.nodes.slice(0, count).map((n) => n.client());
-  const locker = new Redlock(clients, { prefix, ...(quorum === undefined ? {} : { quorum }) });
-  made.push({ locker, clients });
-  return locker;
+  return nodes.redlock({ prefix, ...(quorum === undefined ? {} : { quorum }) }, count).locker;
 }
 
 // [nodes, quorum (undefined: the default), nodes holding a short stale lock of someone else]: the stale lock is on more
@@ -46,11 +37,8 @@ describe.each(splits)('on %i nodes, quorum %s, a stale lock on nodes %j', (count
   it('tryAcquire with wait 0 takes the refusals for a split vote, retries, and wins once the stale lock is gone', async () => {
     const prefix = freshPrefix('quorum-split');
     const locker = redlockOn(count, prefix, quorum);
-    const stales = stale.map((i) => {
-      const s = new RedisLock(nodes.admins[i]!, { prefix });
-      made.push({ locker: s, clients: [] });
-      return s;
-    });
+    const stales = stale.map((i) => new RedisLock(nodes.admins[i]!, { prefix }));
+    onTestFinished(() => stales.forEach((s) => s.close()));
     for (let round = 0; round < 3; round++) {
       const key = `order:${round}`;
       // What the other half of a double submit leaves for a moment.

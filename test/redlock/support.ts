@@ -18,10 +18,18 @@ export class Nodes {
     this.admins = nodes.map((n) => n.client({ maxRetriesPerRequest: 0 }));
   }
 
-  /** A Redlock with its own connection to every node; the connections are returned for state checks. */
-  redlock(options: RedlockOptions = {}): { locker: Redlock; clients: Redis[] } {
-    const clients = this.nodes.map((n) => n.client());
-    return { locker: new Redlock(clients, options), clients };
+  // Every Redlock made here, closed (with its connections) by close().
+  private readonly made: { locker: Redlock; clients: Redis[] }[] = [];
+
+  /**
+   * A Redlock with its own connection to each of the first `count` nodes (every node by default); the connections are
+   * returned for state checks. close() closes both.
+   */
+  redlock(options: RedlockOptions = {}, count = this.nodes.length): { locker: Redlock; clients: Redis[] } {
+    const clients = this.nodes.slice(0, count).map((n) => n.client());
+    const made = { locker: new Redlock(clients, options), clients };
+    this.made.push(made);
+    return made;
   }
 
   /** Every key on node `i` (a test's own prefix keeps the listing small). */
@@ -111,8 +119,12 @@ export class Nodes {
     return held.filter((i) => i >= 0);
   }
 
-  /** Closes the admin connections. */
+  /** Closes the Redlocks made by {@link Nodes.redlock} and every connection. */
   close(): void {
+    for (const { locker, clients } of this.made.splice(0)) {
+      locker.close();
+      for (const c of clients) c.disconnect();
+    }
     for (const a of this.admins) a.disconnect();
   }
 }
