@@ -10,7 +10,7 @@ const router = new Router();
 app.use(bodyParser());
 
 // 3 SMS per phone number per 10 minutes: the 4th request gets 429 with Retry-After.
-const phone = (ctx: Koa.Context) => (ctx.request.body as { phone?: string }).phone;
+const phone = (ctx: Koa.Context) => String((ctx.request.body as { phone?: unknown } | undefined)?.phone);
 router.post('/sms/send', rateLimit({ capacity: 3, rate: '3/10min', key: phone, policy: 'sms' }), (ctx) => {
   ctx.body = { sent: true, left: ctx.state.rateLimit?.remaining };
 });

@@ -160,7 +160,7 @@ export interface RedlockOptions extends RedisLockOptions {
   quorum?: number | undefined;
   /**
    * Milliseconds one node may take to answer before it counts as failed for this attempt. Kept far below the ttl.
-   * @default min(timeout, max(100, ttl / 100)) per attempt; keys longer than 2 KiB add 1 ms per 2 KiB to it (explicit values too)
+   * @default min(timeout, max(100, ttl / 100)) per attempt
    */
   nodeTimeout?: number | undefined;
   /**

@@ -14,7 +14,7 @@ const ipKey = (req: Request): string => clientIpKey(req.ip);
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts
- * app.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (req) => req.body.phone, policy: 'sms' }), send);
+ * app.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: (req) => String(req.body?.phone), policy: 'sms' }), send);
  * ```
  * @typeParam P - route parameters the key, cost and handler functions see, as in Express's `RequestHandler`: give
  *   them (`rateLimit<{ id: string }>({ ..., key: (req) => req.params.id })`) or annotate a function's parameter;

@@ -19,7 +19,7 @@ const ipKey = (ctx: Context): string => clientIpKey(ctx.ip);
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts
- * const phone = (ctx: Koa.Context) => (ctx.request.body as { phone?: string }).phone;
+ * const phone = (ctx: Koa.Context) => String((ctx.request.body as { phone?: unknown } | undefined)?.phone);
  * router.post('/sms', rateLimit({ capacity: 3, rate: '3/10min', redis, key: phone, policy: 'sms' }), send);
  * ```
  */

@@ -54,7 +54,7 @@ export interface RateLimitBaseOptions<Arg> {
   headers?: boolean | undefined;
   /**
    * The policy name in those fields (printable ASCII). On Redis, buckets built from `capacity`/`rate` are stored under
-   * it (`hasp:tb:<policy>:{<key>}`), so limiters with the same policy name on the same Redis share a budget per key;
+   * it (`hasp:tb:<policy>:{<key>}:<h>`, `h` a hash of the capacity and rate), so limiters with the same policy name on the same Redis share a budget per key;
    * give each limiter its own name unless that is what you want. In memory every limiter has its own buckets whatever
    * its name: to share one, pass the same `bucket`.
    * @default 'default'
@@ -110,7 +110,7 @@ export interface HeaderTarget {
 const NOT_LIMITED: Promise<undefined> = Promise.resolve(undefined);
 const OPTIONS = ['capacity', 'rate', 'redis', 'bucket', 'key', 'cost', 'headers', 'policy', 'onStoreError', 'onStoreState', 'handler'] as const;
 const POLICIES: readonly StoreErrorPolicy[] = ['memory', 'open', 'closed'];
-/** Prefix of the Redis keys of buckets the middleware builds itself: `hasp:tb:<policy>:{<key>}`. */
+/** Prefix of the Redis keys of buckets the middleware builds itself: `hasp:tb:<policy>:{<key>}:<h>`. */
 export const MIDDLEWARE_BUCKET_PREFIX = 'hasp:tb:';
 
 /**

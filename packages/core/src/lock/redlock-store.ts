@@ -24,9 +24,6 @@ const MIN_NODE_TIMEOUT_MS = 100;
 /** How many released leases a store remembers, so that their lock is not restored after the release (see restore). */
 const RELEASED_MAX = 1_024;
 
-/** Allowance for long keys in the per-node timeout: 1 ms per this many characters of the key's Redis name. */
-const KEY_BYTES_PER_MS = 2_048;
-
 /** A waiting caller in the key's line: its name there, and its place (client µs), the same on every node. */
 interface Place {
   readonly name: string;
@@ -113,7 +110,7 @@ export class RedlockStore implements LockStore {
     const args = [waiter];
     await boundedAll(
       this.clients,
-      this.nodeTimeout(0, n.lock),
+      this.nodeTimeout(0),
       (c) => LEAVE.run(c, keys, args),
       Number,
       (o) => this.clients.length - pendingCount(o) >= this.s.quorum,
@@ -123,7 +120,7 @@ export class RedlockStore implements LockStore {
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
-    const timeout = this.nodeTimeout(ttl, n.lock);
+    const timeout = this.nodeTimeout(ttl);
     const keys = [n.lock];
     const args = [token, ttl];
     // Nodes that answered, after the round was decided, that they no longer held the lock; then how to restore it there.
@@ -249,7 +246,7 @@ export class RedlockStore implements LockStore {
     const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     const total = this.clients.length;
-    const timeout = this.nodeTimeout(ttl, n.lock);
+    const timeout = this.nodeTimeout(ttl);
     const token = randomToken();
     const started = monotonicNow();
     // The wall clock in µs (other processes' floors are compared with it), but never a floor this store used before: a
@@ -454,10 +451,9 @@ export class RedlockStore implements LockStore {
     return Date.now();
   }
 
-  /** The per-node bound of one round. A long key takes longer to send and parse (its names travel in every call). */
-  private nodeTimeout(ttl: number, stem: string): number {
-    const base = this.s.nodeTimeout ?? Math.min(this.s.timeout, Math.max(MIN_NODE_TIMEOUT_MS, Math.floor(ttl / 100)));
-    return base + Math.floor(stem.length / KEY_BYTES_PER_MS);
+  /** The per-node bound of one round. (A long key costs nothing extra: its names are stored under a digest.) */
+  private nodeTimeout(ttl: number): number {
+    return this.s.nodeTimeout ?? Math.min(this.s.timeout, Math.max(MIN_NODE_TIMEOUT_MS, Math.floor(ttl / 100)));
   }
 
   private unavailable(what: string, outcomes: readonly Outcome<unknown>[]): LockUnavailableError {
