@@ -311,6 +311,29 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         await next!.release();
       });
 
+      it('one signal shared by many waiters: one listener on it, no MaxListenersExceededWarning, every waiter rejected', async () => {
+        const key = freshKey('shared-signal');
+        const holder = await fx.locker.acquire(key, { ttl: 30_000 });
+        const controller = new AbortController();
+        const warnings: Error[] = [];
+        const onWarning = (w: Error) => warnings.push(w);
+        process.on('warning', onWarning);
+        try {
+          // An app's shutdown signal, passed to every acquire: twenty waiters at once (Node warns past ten listeners).
+          const waiting = Array.from({ length: 20 }, () => rejection(fx.locker.acquire(key, { wait: 10_000, signal: controller.signal })));
+          await until(async () => (await fx.waiting(key)) >= 1, 5_000, 'the waiters to queue and listen');
+          const reason = new Error('shutting down');
+          controller.abort(reason);
+          for (const outcome of await within(Promise.all(waiting), 2_000, 'the aborted waiters')) expect(outcome).toBe(reason);
+          // Node emits the warning on the next turn of the event loop.
+          await new Promise((resolve) => setImmediate(resolve));
+          expect(warnings.filter((w) => w.name === 'MaxListenersExceededWarning')).toEqual([]);
+        } finally {
+          process.off('warning', onWarning);
+          await holder.release();
+        }
+      });
+
       it('an already-aborted signal rejects at once with its reason, even on a free key, and takes nothing', async () => {
         const key = freshKey('pre-aborted');
         const reason = new Error('already aborted');

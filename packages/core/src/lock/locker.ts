@@ -3,6 +3,7 @@
 import { HaspError, LockBusyError, LockLostError, LockUnavailableError } from '../errors.js';
 import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
+import { watchAbort } from '../util/abort.js';
 import * as v from '../util/validate.js';
 import { LeaseImpl, type LeaseTies } from './lease.js';
 import type { AttemptResult, Grant, LockStore } from './store.js';
@@ -185,14 +186,16 @@ export abstract class BaseLocker implements Locker {
     // An abort settles the call at once, also while an attempt is on its way (Redis slow or frozen); a grant that comes
     // after it is handed back.
     let stopAbortWatch: (() => void) | undefined;
+    // The sleep in progress, ended by the same watch when the signal aborts.
+    let abortSleep: (() => void) | undefined;
     const abortSignal =
       o.signal === undefined
         ? undefined
         : new Promise<typeof ABORTED>((resolve) => {
-            const signal = o.signal!;
-            const onAbort = () => resolve(ABORTED);
-            signal.addEventListener('abort', onAbort, { once: true });
-            stopAbortWatch = () => signal.removeEventListener('abort', onAbort);
+            stopAbortWatch = watchAbort(o.signal!, () => {
+              resolve(ABORTED);
+              abortSleep?.();
+            });
           });
     // What an aborted call throws: the signal's reason, once a lock handed to it meanwhile is given back. (Made only
     // for a call with a signal: every acquire would pay for the closure.)
@@ -316,12 +319,8 @@ export abstract class BaseLocker implements Locker {
         await new Promise<void>((resolve, reject) => {
           const done = () => {
             clearTimeout(timer);
-            o.signal?.removeEventListener('abort', onAbort);
+            abortSleep = undefined;
             wake = undefined;
-          };
-          const onAbort = () => {
-            done();
-            reject(abandon!());
           };
           const timer = setTimeout(() => {
             done();
@@ -331,7 +330,12 @@ export abstract class BaseLocker implements Locker {
             done();
             resolve();
           };
-          o.signal?.addEventListener('abort', onAbort, { once: true });
+          if (abortSignal !== undefined) {
+            abortSleep = () => {
+              done();
+              reject(abandon!());
+            };
+          }
         });
       }
     } finally {

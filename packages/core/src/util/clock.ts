@@ -4,13 +4,24 @@
 // believe in a lease that Redis has already expired. What other processes compare (a Redlock waiter's place, a fence
 // floor) stays on the wall clock.
 
-// Read once: from here on the monotonic clock counts. (Date.now() is whole ms, so this is at most 1 ms behind.)
-const origin = Date.now() - performance.now();
+// Read once: from here on the monotonic clock counts. (Date.now() is whole ms, so this is at most 1 ms behind.) Read
+// again only when `performance.now` is replaced, or runs back: fake timers in a user's tests (Vitest, Jest, Sinon) put
+// their own in, starting from 0, and restore the real one after; against the old origin every expiry would lie in the
+// past by the process's uptime.
+let source = performance.now;
+let origin = Date.now() - performance.now();
+let last = 0;
 
 /**
  * Epoch ms on the monotonic clock, whole like `Date.now()`: equal to it, or behind by less than a ms, until the system
  * clock is stepped (or slewed: by ppm, over hours).
  */
 export function monotonicNow(): number {
-  return Math.floor(origin + performance.now());
+  const now = performance.now();
+  if (now < last || performance.now !== source) {
+    source = performance.now;
+    origin = Date.now() - now;
+  }
+  last = now;
+  return Math.floor(origin + now);
 }
