@@ -274,6 +274,42 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('keeps attempting while its subscription to wake-ups goes unanswered: wait is kept, and a release is found by polling', async () => {
+    const prefix = uniquePrefix('deaf-sub');
+    const proxy = await startProxy(node.port);
+    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
+    client.on('error', () => undefined);
+    const locks = new RedisLock(client, { prefix });
+    try {
+      const { redis: admin, locks: holder } = locker({ prefix });
+      let held = await holder.acquire('k');
+      // The waiter's SUBSCRIBE (on the wake-up connection, through the proxy) is never answered, as on a frozen node.
+      proxy.swallowRepliesAfter('subscribe');
+      const subscribing = proxy.sent('subscribe');
+      const started = performance.now();
+      const busy = await rejection(locks.acquire('k', { wait: 300 }));
+      expect(busy).toMatchObject({ code: 'LOCK_BUSY' });
+      await within(subscribing, 1_000, 'the waiter to subscribe');
+      // Not after the subscription's 2 s timeout.
+      expect(performance.now() - started).toBeLessThan(1_000);
+      expect(await held.release()).toBe(true);
+
+      held = await holder.acquire('k');
+      const waiting = locks.acquire('k', { wait: 10_000 });
+      await until(async () => (await admin.zcard(lockNames(prefix, 'k').queue)) === 1, 2_000, 'the waiter to join the line');
+      const released = performance.now();
+      expect(await held.release()).toBe(true);
+      const lease = await within(waiting, 3_000, 'the waiter');
+      // Found within a poll (50 ms while unsubscribed) and slack, not after the subscription timed out.
+      expect(performance.now() - released).toBeLessThan(500);
+      await lease.release();
+    } finally {
+      locks.close();
+      client.disconnect();
+      await proxy.close();
+    }
+  });
+
   it('gives back the hold of an aborted waiter whose late attempt re-enters a lock its owner took meanwhile, and leaves the line', async () => {
     const prefix = uniquePrefix('abort-nested');
     const names = lockNames(prefix, 'k');

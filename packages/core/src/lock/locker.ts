@@ -13,8 +13,12 @@ export const LOCKER_DEFAULTS = { ttl: 30_000, wait: 0 } as const;
 
 // Upper bound on one sleep between attempts while waiting: covers a lost wake-up message.
 const MAX_POLL_MS = 1_000;
-// Poll interval when wake-ups are not available (subscriber down).
+// Poll interval when wake-ups are not available (subscriber down), or not confirmed yet.
 const FALLBACK_POLL_MS = 50;
+// How long a waiter waits for its subscription to wake-ups before it goes on attempting (by polling) meanwhile: a
+// subscription is one round trip, but one to a frozen node (on a Cluster, the subscriber's node may be any node,
+// replicas included) would otherwise hold every attempt up until it times out, past the caller's `wait`.
+const SUBSCRIBE_WAIT_MS = 250;
 // How long after a wait on a key a new waiter on it listens before its first attempt (wake-up channels linger a while
 // after their last listener, so this costs no round trip), and how many such keys a locker remembers.
 const RECENT_WAIT_MS = 1_000;
@@ -40,6 +44,8 @@ export function resolveLockerOptions(options: LockerOptions): ResolvedLockerOpti
 const HANDED = Symbol('handed');
 // ... and against the caller's signal, when that aborted first.
 const ABORTED = Symbol('aborted');
+// A subscription to wake-ups not confirmed within SUBSCRIBE_WAIT_MS.
+const NOT_YET = Symbol('not yet');
 
 interface CallOptions {
   ttl: number;
@@ -207,16 +213,37 @@ export abstract class BaseLocker implements Locker {
             if (handed !== undefined) this.handBack(key, handed.grant);
             return o.signal!.reason;
           };
-    // Subscribes to the key's wake-ups: how to stop, undefined when they are unavailable (the waiter polls, without
-    // trying to listen again), or ABORTED when the signal aborted first (a subscription made after is stopped).
-    const listen = async (): Promise<(() => void) | undefined | typeof ABORTED> => {
+    // Subscribes to the key's wake-ups; once the subscription is confirmed, the waiter sleeps longer between attempts
+    // (its stop function is in stopListening), and a sleep in progress ends for another attempt, since a release
+    // before the subscription was not heard. A subscription that comes after the call ended is stopped. Unavailable
+    // wake-ups (undefined) leave the waiter polling, without trying to listen again.
+    let ended = false;
+    const listen = (): Promise<(() => void) | undefined> => {
       const subscribing = this.store.listen(key, onWake).then(
         (stop) => stop,
         () => undefined,
       );
-      if (abortSignal === undefined) return subscribing;
-      const first = await Promise.race([subscribing, abortSignal]);
-      if (first === ABORTED) void subscribing.then((stop) => stop?.());
+      void subscribing.then((stop) => {
+        if (ended) stop?.();
+        else if (stop !== undefined) {
+          stopListening = stop;
+          woken = true;
+          wake?.();
+        }
+      });
+      return subscribing;
+    };
+    // Waits for a subscription for at most SUBSCRIBE_WAIT_MS (and the time left), or until the signal aborts.
+    const subscribed = async (
+      subscribing: Promise<(() => void) | undefined>,
+      left: number,
+    ): Promise<(() => void) | undefined | typeof NOT_YET | typeof ABORTED> => {
+      let timer: NodeJS.Timeout | undefined;
+      const notYet = new Promise<typeof NOT_YET>((resolve) => {
+        timer = setTimeout(() => resolve(NOT_YET), Math.max(0, Math.min(left, SUBSCRIBE_WAIT_MS)));
+      });
+      const first = await Promise.race([subscribing, notYet, ...(abortSignal ? [abortSignal] : [])]);
+      clearTimeout(timer);
       return first;
     };
     try {
@@ -224,9 +251,7 @@ export abstract class BaseLocker implements Locker {
         // A hot key: listen first, so a refused attempt can sleep at once. The usual order (attempt, listen, attempt
         // again) needs the second attempt because a release between the first and the subscription would be missed.
         listening = true;
-        const subscribed = await listen();
-        if (subscribed === ABORTED) throw abandon!();
-        stopListening = subscribed;
+        if ((await subscribed(listen(), o.wait)) === ABORTED) throw abandon!();
       }
       for (;;) {
         if (o.signal?.aborted) throw abandon!();
@@ -304,13 +329,13 @@ export abstract class BaseLocker implements Locker {
         if (left <= 0) return result;
         if (o.signal?.aborted) throw abandon!();
         if (!listening) {
-          // Subscribe, then try again at once: a release between our attempt and the subscription is not missed.
+          // Subscribe, then try again at once: a release between our attempt and the subscription is not missed. (A
+          // subscription still on its way goes on: its confirmation ends the sleep below for that attempt.)
           listening = true;
           this.noteWait(key);
-          const subscribed = await listen();
-          if (subscribed === ABORTED) throw abandon!();
-          stopListening = subscribed;
-          if (subscribed !== undefined) continue;
+          const first = await subscribed(listen(), left);
+          if (first === ABORTED) throw abandon!();
+          if (first !== NOT_YET && first !== undefined) continue;
         }
         if (woken) continue;
         const poll = stopListening ? (this.store.pollMs ?? MAX_POLL_MS) : FALLBACK_POLL_MS;
@@ -339,6 +364,7 @@ export abstract class BaseLocker implements Locker {
         });
       }
     } finally {
+      ended = true;
       stopAbortWatch?.();
       endWaitHere?.(acquired);
       stopListening?.();
