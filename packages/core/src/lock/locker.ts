@@ -15,10 +15,10 @@ export const LOCKER_DEFAULTS = { ttl: 30_000, wait: 0 } as const;
 const MAX_POLL_MS = 1_000;
 // Poll interval when wake-ups are not available (subscriber down), or not confirmed yet.
 const FALLBACK_POLL_MS = 50;
-// How long a waiter waits for its subscription to wake-ups before it goes on attempting (by polling) meanwhile: a
-// subscription is one round trip, but one to a frozen node (on a Cluster, the subscriber's node may be any node,
-// replicas included) would otherwise hold every attempt up until it times out, past the caller's `wait`.
-const SUBSCRIBE_WAIT_MS = 250;
+// How long a waiter waits for its subscription to wake-ups before it goes on attempting (by polling, as above)
+// meanwhile: a subscription is one round trip, but one to a frozen node (on a Cluster, the subscriber's node may be any
+// node, replicas included) would otherwise hold every attempt up until it times out, past the caller's `wait`.
+const SUBSCRIBE_WAIT_MS = FALLBACK_POLL_MS;
 // How long after a wait on a key a new waiter on it listens before its first attempt (wake-up channels linger a while
 // after their last listener, so this costs no round trip), and how many such keys a locker remembers.
 const RECENT_WAIT_MS = 1_000;
@@ -325,7 +325,7 @@ export abstract class BaseLocker implements Locker {
             wake?.();
           });
         }
-        const left = deadline - this.store.now();
+        let left = deadline - this.store.now();
         if (left <= 0) return result;
         if (o.signal?.aborted) throw abandon!();
         if (!listening) {
@@ -336,6 +336,8 @@ export abstract class BaseLocker implements Locker {
           const first = await subscribed(listen(), left);
           if (first === ABORTED) throw abandon!();
           if (first !== NOT_YET && first !== undefined) continue;
+          left = deadline - this.store.now();
+          if (left <= 0) return result;
         }
         if (woken) continue;
         const poll = stopListening ? (this.store.pollMs ?? MAX_POLL_MS) : FALLBACK_POLL_MS;
