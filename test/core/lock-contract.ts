@@ -1,5 +1,6 @@
 // The Locker contract (SPEC "Core: locks") as one parameterised suite, run against every locker: MemoryLock, RedisLock,
 // and Redlock once its fixture exists (call lockContract with a factory for it).
+import { getEventListeners } from 'node:events';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import {
   LockBusyError,
@@ -332,6 +333,17 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
           process.off('warning', onWarning);
           await holder.release();
         }
+      });
+
+      it('leaves no abort listener on the caller’s signal once a call is over (Node keeps such a signal alive)', async () => {
+        const key = freshKey('signal-listeners');
+        const signal = AbortSignal.any([new AbortController().signal]);
+        const lease = await fx.locker.acquire(key, { signal, wait: 1_000 });
+        expect(getEventListeners(signal, 'abort')).toHaveLength(0);
+        const busy = await rejection(fx.newConnectionLocker().acquire(key, { signal, wait: 100 }));
+        expect(busy).toMatchObject({ code: 'LOCK_BUSY' });
+        expect(getEventListeners(signal, 'abort')).toHaveLength(0);
+        await lease.release();
       });
 
       it('an already-aborted signal rejects at once with its reason, even on a free key, and takes nothing', async () => {

@@ -3,6 +3,7 @@
 import { HaspError, LockBusyError, LockLostError, LockUnavailableError } from '../errors.js';
 import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
+import { LONG_KEY_CHARS } from '../redis/keys.js';
 import { watchAbort } from '../util/abort.js';
 import * as v from '../util/validate.js';
 import { LeaseImpl, type LeaseTies } from './lease.js';
@@ -149,8 +150,8 @@ export abstract class BaseLocker implements Locker {
     // knownKeys's array search: this runs for every acquire.
     for (const k in o) {
       if (k !== 'ttl' && k !== 'wait' && k !== 'owner' && k !== 'signal' && (k !== 'autoExtend' || where !== 'using')) {
-        const known = where === 'using' ? CALL_OPTIONS.concat('autoExtend') : CALL_OPTIONS;
-        v.knownKeys(where, o, known);
+        const known = where === 'using' ? [...CALL_OPTIONS, 'autoExtend'] : CALL_OPTIONS;
+        throw v.unknownOption(where, k, known);
       }
     }
     return {
@@ -335,11 +336,15 @@ export abstract class BaseLocker implements Locker {
           this.noteWait(key);
           const first = await subscribed(listen(), left);
           if (first === ABORTED) throw abandon!();
-          if (first !== NOT_YET && first !== undefined) continue;
+          // Subscribed: no release can be missed from here. Not yet: the wait for it was a poll's length; attempt
+          // again, as after a poll (its confirmation, later, wakes a sleep for another attempt).
+          if (first !== undefined) continue;
           left = deadline - this.store.now();
           if (left <= 0) return result;
         }
         if (woken) continue;
+        // (An abort between the last check and here would otherwise wait out the sleep: abortSleep is set only below.)
+        if (o.signal?.aborted) throw abandon!();
         const poll = stopListening ? (this.store.pollMs ?? MAX_POLL_MS) : FALLBACK_POLL_MS;
         // A holder's expiry publishes nothing, so never sleep past it.
         const until = Math.min(left, poll, result.pttl >= 0 ? result.pttl + 1 : poll);
@@ -398,6 +403,8 @@ export abstract class BaseLocker implements Locker {
   }
 
   private noteWait(key: string): void {
+    // A long key (a client's) is not remembered: a thousand of them could hold megabytes.
+    if (key.length > LONG_KEY_CHARS) return;
     if (this.recentWaits.size >= RECENT_WAIT_KEYS) this.recentWaits.clear();
     this.recentWaits.set(key, this.store.now());
   }

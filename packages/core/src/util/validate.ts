@@ -62,10 +62,13 @@ export function key(value: unknown): string {
 /** Rejects option names the caller misspelled, so `{ ttl: 5000, wiat: 100 }` fails loudly. */
 export function knownKeys(where: string, options: object, allowed: readonly string[]): void {
   for (const k of Object.keys(options)) {
-    if (!allowed.includes(k)) {
-      throw new TypeError(`${where}: unknown option "${k}" (expected one of: ${allowed.join(', ')})`);
-    }
+    if (!allowed.includes(k)) throw unknownOption(where, k, allowed);
   }
+}
+
+/** The TypeError for an option name `where` does not know. */
+export function unknownOption(where: string, name: string, allowed: readonly string[]): TypeError {
+  return new TypeError(`${where}: unknown option "${name}" (expected one of: ${allowed.join(', ')})`);
 }
 
 export function signal(name: string, value: unknown): AbortSignal {
