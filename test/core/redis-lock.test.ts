@@ -8,7 +8,7 @@ import {
   RedisLock,
   type LockErrorEvent,
 } from '../../packages/core/src/index.js';
-import { startProxy } from '../harness/proxy.js';
+import { startProxy, type Proxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { FREE_HEAD_GRACE_MS } from '../../packages/core/src/lock/scripts.lua.js';
@@ -53,6 +53,20 @@ describe('RedisLock when Redis fails', () => {
     clients.push(redis);
     lockers.push(locks);
     return { redis, locks };
+  };
+
+  /** A RedisLock whose client (and so its wake-up connection, a copy of it) reaches the node through a proxy. */
+  const proxied = async (prefix: string): Promise<{ proxy: Proxy; locks: RedisLock; close(): Promise<void> }> => {
+    const proxy = await startProxy(node.port);
+    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
+    client.on('error', () => undefined);
+    const locks = new RedisLock(client, { prefix });
+    const close = async () => {
+      locks.close();
+      client.disconnect();
+      await proxy.close();
+    };
+    return { proxy, locks, close };
   };
 
   // Failures in the background (auto-extension, a late hand-back) must never surface as unhandled rejections.
@@ -249,10 +263,7 @@ describe('RedisLock when Redis fails', () => {
 
   it('settles an aborted acquire at once while its subscription to wake-ups goes unanswered', async () => {
     const prefix = uniquePrefix('abort-listen');
-    const proxy = await startProxy(node.port);
-    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
-    client.on('error', () => undefined);
-    const locks = new RedisLock(client, { prefix });
+    const { proxy, locks, close } = await proxied(prefix);
     try {
       const held = await locker({ prefix }).locks.acquire('k');
       // The waiter's SUBSCRIBE (on the wake-up connection, a copy of its client, through the proxy) is never answered.
@@ -268,18 +279,13 @@ describe('RedisLock when Redis fails', () => {
       expect(performance.now() - aborted).toBeLessThan(200);
       expect(await held.release()).toBe(true);
     } finally {
-      locks.close();
-      client.disconnect();
-      await proxy.close();
+      await close();
     }
   });
 
   it('keeps attempting while its subscription to wake-ups goes unanswered: wait is kept, and a release is found by polling', async () => {
     const prefix = uniquePrefix('deaf-sub');
-    const proxy = await startProxy(node.port);
-    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
-    client.on('error', () => undefined);
-    const locks = new RedisLock(client, { prefix });
+    const { proxy, locks, close } = await proxied(prefix);
     try {
       const { redis: admin, locks: holder } = locker({ prefix });
       let held = await holder.acquire('k');
@@ -304,9 +310,7 @@ describe('RedisLock when Redis fails', () => {
       expect(performance.now() - released).toBeLessThan(500);
       await lease.release();
     } finally {
-      locks.close();
-      client.disconnect();
-      await proxy.close();
+      await close();
     }
   });
 
@@ -314,10 +318,7 @@ describe('RedisLock when Redis fails', () => {
     const prefix = uniquePrefix('abort-nested');
     const names = lockNames(prefix, 'k');
     const admin = locker({ prefix }).redis;
-    const proxy = await startProxy(node.port);
-    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
-    client.on('error', () => undefined);
-    const slow = new RedisLock(client, { prefix });
+    const { proxy, locks: slow, close } = await proxied(prefix);
     try {
       const held = await locker({ prefix }).locks.acquire('k', { owner: 'P' });
       // Two waiters of owner O, each on its own client: `first` ahead in the line, the other (through the proxy) behind.
@@ -349,9 +350,7 @@ describe('RedisLock when Redis fails', () => {
       expect(await outer.release()).toBe(true);
       expect(await admin.exists(names.lock)).toBe(0);
     } finally {
-      slow.close();
-      client.disconnect();
-      await proxy.close();
+      await close();
     }
   });
 
