@@ -2,27 +2,17 @@
 // refused" then says only that this caller cannot win, not that somebody holds the key, and "more than N − q nodes no
 // longer hold the lease" leaves the others holding it for nobody. Five private redis-server masters, used 2 to 5 at a
 // time.
-import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
+import { describe, expect, it, onTestFinished } from 'vitest';
 import { LockLostError, RedisLock, Redlock } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
-import { startRedisNodes, stopAll } from '../harness/redis.js';
 import { until } from '../core/helpers.js';
-import { freshPrefix, Nodes } from './support.js';
+import { freshPrefix, privateNodes } from './support.js';
 
-let nodes: Nodes;
-
-beforeAll(async () => {
-  nodes = new Nodes(await startRedisNodes(5));
-});
-
-afterAll(async () => {
-  nodes?.close();
-  await stopAll();
-});
+const nodes = privateNodes(5);
 
 /** A Redlock on the first `count` nodes, with connections of its own. */
 function redlockOn(count: number, prefix: string, quorum?: number): Redlock {
-  return nodes.redlock({ prefix, ...(quorum === undefined ? {} : { quorum }) }, count).locker;
+  return nodes().redlock({ prefix, ...(quorum === undefined ? {} : { quorum }) }, count).locker;
 }
 
 // [nodes, quorum (undefined: the default), nodes holding a short stale lock of someone else]: the stale lock is on more
@@ -37,7 +27,7 @@ describe.each(splits)('on %i nodes, quorum %s, a stale lock on nodes %j', (count
   it('tryAcquire with wait 0 takes the refusals for a split vote, retries, and wins once the stale lock is gone', async () => {
     const prefix = freshPrefix('quorum-split');
     const locker = redlockOn(count, prefix, quorum);
-    const stales = stale.map((i) => new RedisLock(nodes.admins[i]!, { prefix }));
+    const stales = stale.map((i) => new RedisLock(nodes().admins[i]!, { prefix }));
     onTestFinished(() => stales.forEach((s) => s.close()));
     for (let round = 0; round < 3; round++) {
       const key = `order:${round}`;
@@ -67,10 +57,10 @@ it.each([
     const lease = await holder.acquire('k', { ttl: 5_000 });
     const name = lockNames(prefix, 'k').lock;
     // Every node holds it (the acquire settled at the quorum; the others' grants follow).
-    const held = async () => Promise.all(nodes.admins.slice(0, count).map(async (a) => (await a.exists(name)) === 1));
+    const held = async () => Promise.all(nodes().admins.slice(0, count).map(async (a) => (await a.exists(name)) === 1));
     await until(async () => (await held()).every(Boolean), 2_000, 'the lock on every node');
     // The lock goes missing where a node lost its data (restarted empty): the same as deleting it there.
-    for (const i of lost) await nodes.admins[i]!.del(name);
+    for (const i of lost) await nodes().admins[i]!.del(name);
     await expect(lease.extend(20_000)).rejects.toBeInstanceOf(LockLostError);
     // The nodes that still held it were just extended for 20 s, for a lease that is over: they let it go, so that the
     // key is free for the next caller (with 2q > N + 1 they alone would keep everyone out).

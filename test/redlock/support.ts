@@ -3,7 +3,8 @@
 import type { Redis } from 'ioredis';
 import { Redlock, type RedlockOptions } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
-import type { RedisNode } from '../harness/redis.js';
+import { afterAll, beforeAll } from 'vitest';
+import { startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
 import { uniquePrefix, within } from '../core/helpers.js';
 
 /** How long a node may take to come back (restart and ioredis reconnect, whose backoff grows to 2 s). */
@@ -127,6 +128,19 @@ export class Nodes {
     }
     for (const a of this.admins) a.disconnect();
   }
+}
+
+/** Starts `count` private masters before the calling file's tests and stops them after; the function returns them. */
+export function privateNodes(count: number): () => Nodes {
+  let nodes: Nodes | undefined;
+  beforeAll(async () => {
+    nodes = new Nodes(await startRedisNodes(count));
+  });
+  afterAll(async () => {
+    nodes?.close();
+    await stopAll();
+  });
+  return () => nodes!;
 }
 
 /** A fresh prefix for one test: keeps its keys apart from every other test's on the shared nodes. */
