@@ -3,7 +3,7 @@
 // longer hold the lease" leaves the others holding it for nobody. Five private redis-server masters, used 2 to 5 at a
 // time.
 import { describe, expect, it, onTestFinished } from 'vitest';
-import { LockLostError, RedisLock, Redlock } from '../../packages/core/src/index.js';
+import { LockLostError, Redlock } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { until } from '../core/helpers.js';
 import { freshPrefix, privateNodes } from './support.js';
@@ -15,28 +15,40 @@ function redlockOn(count: number, prefix: string, quorum?: number): Redlock {
   return nodes().redlock({ prefix, ...(quorum === undefined ? {} : { quorum }) }, count).locker;
 }
 
-// [nodes, quorum (undefined: the default), nodes holding a short stale lock of someone else]: the stale lock is on more
-// than N − q nodes, so this caller cannot win the first round, but on fewer than q, so nobody holds the key either.
-const splits: [number, number | undefined, number[]][] = [
-  [4, undefined, [2, 3]],
-  [2, undefined, [1]],
-  [3, 3, [2]],
+// [nodes, quorum (undefined: the default), nodes holding short stale locks of others, one holder per group]: the stale
+// locks are on more than N − q nodes, so this caller cannot win the first round, but no holder has q of them, so nobody
+// holds the key either.
+const splits: [number, number | undefined, number[][]][] = [
+  [4, undefined, [[2, 3]]],
+  [2, undefined, [[1]]],
+  [3, 3, [[2]]],
+  // The other two callers of a triple submit, two nodes each: four refusals, but no holder with three.
+  [5, undefined, [[1, 2], [3, 4]]],
 ];
 
-describe.each(splits)('on %i nodes, quorum %s, a stale lock on nodes %j', (count, quorum, stale) => {
-  it('tryAcquire with wait 0 takes the refusals for a split vote, retries, and wins once the stale lock is gone', async () => {
+describe.each(splits)('on %i nodes, quorum %s, stale locks on nodes %j', (count, quorum, groups) => {
+  it('tryAcquire with wait 0 takes the refusals for a split vote, retries, and wins once the stale locks are gone', async () => {
     const prefix = freshPrefix('quorum-split');
     const locker = redlockOn(count, prefix, quorum);
-    const stales = stale.map((i) => new RedisLock(nodes().admins[i]!, { prefix }));
-    onTestFinished(() => stales.forEach((s) => s.close()));
+    // The other callers of a double or triple submit: each a Redlock over its group of nodes, so that its lock has one
+    // token there.
+    const others = groups.map((group) => {
+      const clients = group.map((i) => nodes().nodes[i]!.client());
+      const other = new Redlock(clients, { prefix });
+      onTestFinished(() => {
+        other.close();
+        for (const c of clients) c.disconnect();
+      });
+      return other;
+    });
     for (let round = 0; round < 3; round++) {
       const key = `order:${round}`;
-      // What the other half of a double submit leaves for a moment.
-      for (const s of stales) expect(await s.tryAcquire(key, { ttl: 40 })).not.toBeNull();
+      // What they leave for a moment.
+      for (const other of others) expect(await other.tryAcquire(key, { ttl: 40 })).not.toBeNull();
       const started = performance.now();
       const lease = await locker.tryAcquire(key, { ttl: 5_000 });
       expect(lease, `round ${round}: not busy, since nobody holds a quorum`).not.toBeNull();
-      // It waited for a retry after the stale lock's 40 ms, and not for much more than the retries allow.
+      // It waited for a retry after the stale locks' 40 ms, and not for much more than the retries allow.
       expect(performance.now() - started).toBeGreaterThanOrEqual(35);
       expect(performance.now() - started).toBeLessThan(2_000);
       await lease!.release();

@@ -46,7 +46,8 @@ export function ownerName(owner: string): string {
 export function parseAttempt(reply: unknown): AttemptResult {
   const r = reply as [number | string, string | number, unknown?, number?];
   if (Number(r[0]) === 1) return { ok: true, token: String(r[1]), fence: Number(r[2]), ttl: Number(r[3]) };
-  return Array.isArray(r[2]) ? { ok: false, pttl: Number(r[1]), ahead: r[2].map(String) } : { ok: false, pttl: Number(r[1]) };
+  if (Array.isArray(r[2])) return { ok: false, pttl: Number(r[1]), ahead: r[2].map(String) };
+  return r[2] === undefined ? { ok: false, pttl: Number(r[1]) } : { ok: false, pttl: Number(r[1]), holder: String(r[2]) };
 }
 
 /** Tokens of this process's waiters that left a line lately, remembered per locker (see RedisLockStore.left). */

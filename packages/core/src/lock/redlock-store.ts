@@ -280,10 +280,13 @@ export class RedlockStore implements LockStore {
         const { best, pending, failed, busy } = roundSoFar(o);
         if (best >= q) return true;
         if (best + pending >= q && failed <= total - q && busy <= total - q) return false;
-        // Nobody can win this round: settle once the silent nodes cannot change what kind of failure it is.
-        if (pending === 0) return true;
-        const kind = failureKind(failed, busy, total, q);
-        return kind === failureKind(failed + pending, busy, total, q) && kind === failureKind(failed, busy + pending, total, q);
+        // Nobody can win this round: settle once the silent nodes cannot change what kind of failure it is (see
+        // failureKind), whether they fail, or refuse for any holder.
+        if (pending === 0 || failed > total - q) return true;
+        if (failed + pending > total - q) return false;
+        const busiest = busiestHolder(o);
+        if (busy > total - q && busiest + failed >= q) return true;
+        return busy + pending <= total - q || busiest + failed + pending < q;
       },
       stray,
     );
@@ -319,7 +322,7 @@ export class RedlockStore implements LockStore {
       // Granted somewhere while another waiter is first elsewhere: the nodes' lines disagree (a waiter is missing from
       // a node it could not reach). This round joined the line wherever it was missing, so the next one can agree.
       const linesDisagree = line !== undefined && busy.includes(-1) && grants.some((g) => g?.token === token);
-      const kind = failureKind(failed, busy.length, total, q);
+      const kind = failureKind(failed, busy.length, busiestHolder(outcomes), total, q);
       if (kind === 'down') result = this.unavailable('acquire', outcomes);
       else if (linesDisagree) {
         result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
@@ -471,15 +474,29 @@ export class RedlockStore implements LockStore {
 
 /**
  * Why a round that nobody won failed: 'down' when too many nodes failed for anyone to reach a quorum; 'busy' when
- * refusals alone keep the caller from one and someone else may hold one (on the refusing nodes, with the failed ones);
- * else 'split'. "More than N − q refusals" alone means only that this caller cannot win: with 2q > N + 1 (N even, or a
- * quorum above a bare majority) it leaves room for a split where nobody holds the key, and two callers of a double
- * submit would both walk away busy from a free key.
+ * refusals alone keep the caller from one and someone else may hold one (the refusals of one holder, with the failed
+ * nodes); else 'split'. "More than N − q refusals" alone means only that this caller cannot win: refusals of different
+ * holders (the other callers of a triple submit, each with a minority), or with 2q > N + 1 (N even, or a quorum above a
+ * bare majority) even of one, leave room for a split where nobody holds the key, and every caller would walk away busy
+ * from a free key. `busiest`: the most refusals by one holder.
  */
-function failureKind(failed: number, busy: number, total: number, q: number): 'busy' | 'down' | 'split' {
+function failureKind(failed: number, busy: number, busiest: number, total: number, q: number): 'busy' | 'down' | 'split' {
   if (failed > total - q) return 'down';
-  if (busy > total - q && busy + failed >= q) return 'busy';
+  if (busy > total - q && busiest + failed >= q) return 'busy';
   return 'split';
+}
+
+/** The most refusals of a round by one holder (refusals that name none count as one holder's). */
+function busiestHolder(outcomes: readonly Outcome<AttemptResult>[]): number {
+  let most = 0;
+  for (const o of outcomes) {
+    if (!o?.ok || o.value.ok) continue;
+    const holder = o.value.holder;
+    let n = 0;
+    for (const other of outcomes) if (other?.ok && !other.value.ok && other.value.holder === holder) n++;
+    if (n > most) most = n;
+  }
+  return most;
 }
 
 function pendingCount(outcomes: readonly Outcome<unknown>[]): number {

@@ -170,10 +170,11 @@ local function join()
   redis.call('PEXPIRE', deadlinesKey, heartbeat)
 end
 
--- A refusal. A queued waiter also learns who is ahead of it in the line (when few are), so that a release in its own
--- process can tell once it is first, and let it in at once (see TRANSFER).
-local function refused(pttl)
-  if queue ~= '1' or place then return {0, pttl} end
+-- A refusal, with who refused (the holder's token, or the line's first waiter). A queued waiter of a single node
+-- instead learns who is ahead of it in the line (when few are), so that a release in its own process can tell once it
+-- is first, and let it in at once (see TRANSFER).
+local function refused(pttl, holder)
+  if queue ~= '1' or place then return {0, pttl, holder} end
   local rank = redis.call('ZRANK', queueKey, token)
   if not rank or rank > aheadMax then return {0, pttl} end
   if rank == 0 then return {0, pttl, {}} end
@@ -207,7 +208,7 @@ if cur then
   join()
   -- Whoever waits in line must hear the release.
   if w == '0' and queue == '1' then redis.call('SET', lockKey, record(t, f, n, 1, o), 'XX', 'KEEPTTL') end
-  return refused(redis.call('PTTL', lockKey))
+  return refused(redis.call('PTTL', lockKey), t)
 end
 
 -- Free, with a line: the first live waiter's turn.
@@ -221,7 +222,7 @@ if head and head ~= member then
     if tonumber(redis.call('HGET', deadlinesKey, name) or '0') > due then redis.call('HSET', deadlinesKey, name, due) end
   end
   join()
-  return refused(-1)
+  return refused(-1, head)
 end
 local waiters = 0
 if head then

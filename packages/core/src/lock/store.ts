@@ -29,6 +29,11 @@ export type AttemptResult =
       readonly pttl: number;
       /** A queued attempt: the tokens ahead of it in the key's line, when the store says (empty: it is first). */
       readonly ahead?: readonly string[];
+      /**
+       * Otherwise, who refused it: the holder's token, or the first waiter's name when the line did. Redlock counts a
+       * round's refusals per holder: only refusals that could be one holder's quorum make the key busy.
+       */
+      readonly holder?: string;
     };
 
 /**
