@@ -277,15 +277,14 @@ export class RedlockStore implements LockStore {
       // Votes count per token (a reentry votes for the lock's existing token). Settle once one token has a quorum; or
       // once none can get one and the answers so far already tell what kind of failure it is (down, busy, split).
       (o) => {
-        const { best, pending, failed, busy } = roundSoFar(o);
+        const { best, pending, failed, busy, busiest } = roundSoFar(o);
         if (best >= q) return true;
         if (best + pending >= q && failed <= total - q && busy <= total - q) return false;
         // Nobody can win this round: settle once the silent nodes cannot change what kind of failure it is (see
         // failureKind), whether they fail, or refuse for any holder.
         if (pending === 0 || failed > total - q) return true;
         if (failed + pending > total - q) return false;
-        const busiest = busiestHolder(o);
-        if (busy > total - q && busiest + failed >= q) return true;
+        if (failureKind(failed, busy, busiest, total, q) === 'busy') return true;
         return busy + pending <= total - q || busiest + failed + pending < q;
       },
       stray,
@@ -318,11 +317,11 @@ export class RedlockStore implements LockStore {
       const busy = outcomes
         .map((o) => (o?.ok && !o.value.ok ? o.value.pttl : undefined))
         .filter((p): p is number => p !== undefined);
-      const failed = failedCount(outcomes);
+      const { failed, busiest } = roundSoFar(outcomes);
       // Granted somewhere while another waiter is first elsewhere: the nodes' lines disagree (a waiter is missing from
       // a node it could not reach). This round joined the line wherever it was missing, so the next one can agree.
       const linesDisagree = line !== undefined && busy.includes(-1) && grants.some((g) => g?.token === token);
-      const kind = failureKind(failed, busy.length, busiestHolder(outcomes), total, q);
+      const kind = failureKind(failed, busy.length, busiest, total, q);
       if (kind === 'down') result = this.unavailable('acquire', outcomes);
       else if (linesDisagree) {
         result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
@@ -486,19 +485,6 @@ function failureKind(failed: number, busy: number, busiest: number, total: numbe
   return 'split';
 }
 
-/** The most refusals of a round by one holder (refusals that name none count as one holder's). */
-function busiestHolder(outcomes: readonly Outcome<AttemptResult>[]): number {
-  let most = 0;
-  for (const o of outcomes) {
-    if (!o?.ok || o.value.ok) continue;
-    const holder = o.value.holder;
-    let n = 0;
-    for (const other of outcomes) if (other?.ok && !other.value.ok && other.value.holder === holder) n++;
-    if (n > most) most = n;
-  }
-  return most;
-}
-
 function pendingCount(outcomes: readonly Outcome<unknown>[]): number {
   let n = 0;
   for (const o of outcomes) if (o === undefined) n++;
@@ -511,26 +497,42 @@ function failedCount(outcomes: readonly Outcome<unknown>[]): number {
   return n;
 }
 
-/** An acquire round so far: the most votes for one token, and how many nodes are pending, failed, or busy. */
-function roundSoFar(outcomes: readonly Outcome<AttemptResult>[]): { best: number; pending: number; failed: number; busy: number } {
+/**
+ * An acquire round so far: the most votes for one token, how many nodes are pending, failed, or busy, and the most
+ * refusals by one holder.
+ */
+function roundSoFar(outcomes: readonly Outcome<AttemptResult>[]): {
+  best: number;
+  pending: number;
+  failed: number;
+  busy: number;
+  busiest: number;
+} {
   let best = 0;
   let pending = 0;
   let failed = 0;
   let busy = 0;
+  let busiest = 0;
+  // Votes per token, and refusals per holder (refusals that name none count as one holder's): a handful of nodes, so
+  // counting pairwise beats building a map.
   for (let i = 0; i < outcomes.length; i++) {
     const o = outcomes[i];
     if (o === undefined) pending++;
     else if (!o.ok) failed++;
-    else if (!o.value.ok) busy++;
-    else {
-      // Votes per token: a handful of nodes, so counting pairwise beats building a map.
+    else if (!o.value.ok) {
+      busy++;
+      const holder = o.value.holder;
+      let refusals = 0;
+      for (const other of outcomes) if (other?.ok && !other.value.ok && other.value.holder === holder) refusals++;
+      if (refusals > busiest) busiest = refusals;
+    } else {
       const token = o.value.token;
       let votes = 0;
       for (const other of outcomes) if (other?.ok && other.value.ok && other.value.token === token) votes++;
       if (votes > best) best = votes;
     }
   }
-  return { best, pending, failed, busy };
+  return { best, pending, failed, busy, busiest };
 }
 
 type Grant = Extract<AttemptResult, { ok: true }>;
