@@ -21,7 +21,12 @@ describe('clientIpKey', () => {
     ['2001:db8:1:2:ffff:ffff:ffff:ffff', '2001:db8:1:2::/64'],
     ['fe80::1%eth0', 'fe80:0:0:0::/64'],
     ['[2001:db8:1:2::7]', '2001:db8:1:2::/64'],
-    ['64:ff9b::192.0.2.33', '64:ff9b:0:0::/64'],
+    // An IPv4 client through a NAT64 translator (RFC 6052's well-known prefix) is the IPv4 client too, not one /64
+    // shared by every IPv4 client; other addresses of the prefix's /64 and the local-use 64:ff9b:1::/48 are IPv6.
+    ['64:ff9b::192.0.2.33', '192.0.2.33'],
+    ['64:FF9B:0:0:0:0:c000:221', '192.0.2.33'],
+    ['64:ff9b::1:c000:221', '64:ff9b:0:0::/64'],
+    ['64:ff9b:1::192.0.2.33', '64:ff9b:1:0::/64'],
     // A port, as some proxies forward it in X-Forwarded-For: the client, not the connection.
     ['203.0.113.9:51234', '203.0.113.9'],
     ['[2001:db8:1:2::7]:443', '2001:db8:1:2::/64'],
@@ -50,9 +55,9 @@ describe('clientIpKey', () => {
   it('gives every address of one /64 the same key, and addresses of different /64s different keys', () => {
     fc.assert(
       fc.property(groups, groups, (a, b) => {
-        // Leave the IPv4-mapped range out: it is keyed as IPv4.
-        fc.pre(!(a.slice(0, 5).every((x) => x === 0) && a[5] === 0xffff));
-        fc.pre(!(b.slice(0, 5).every((x) => x === 0) && b[5] === 0xffff));
+        // Leave the IPv4-mapped and NAT64 ranges out: they are keyed as IPv4.
+        const v4 = (g: number[]) => g.slice(2, 5).every((x) => x === 0) && ((g[0] === 0 && g[1] === 0 && g[5] === 0xffff) || (g[0] === 0x64 && g[1] === 0xff9b && g[5] === 0));
+        fc.pre(!v4(a) && !v4(b));
         const sameNet = [...a.slice(0, 4), ...b.slice(4)];
         expect(clientIpKey(full(a))).toBe(clientIpKey(full(sameNet)));
         const differ = a.slice(0, 4).some((x, i) => x !== b[i]);

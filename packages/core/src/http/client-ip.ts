@@ -1,11 +1,14 @@
 // The default rate-limit key: the client IP as the framework reports it, with IPv4-mapped IPv6 addresses turned back
 // into IPv4 and IPv6 addresses grouped by their /64 prefix (one customer site usually holds a whole /64).
+// Translated IPv4 clients (the NAT64 well-known prefix 64:ff9b::/96, which a server behind a stateless translator sees
+// every IPv4 client under) are keyed by their IPv4 address too: grouped by /64 they would all share one bucket.
 
 /** The key used when the framework cannot say who the client is (e.g. the socket is already gone). */
 export const UNKNOWN_CLIENT = 'unknown';
 
 /**
- * The rate-limit key for a client address: IPv4 unchanged; `::ffff:a.b.c.d` (and its hex spelling) as `a.b.c.d`;
+ * The rate-limit key for a client address: IPv4 unchanged; `::ffff:a.b.c.d` and `64:ff9b::a.b.c.d` (and their hex
+ * spellings) as `a.b.c.d`;
  * other IPv6 addresses as their /64 prefix, e.g. `2001:db8:1:2::/64`; a missing address as `'unknown'`, so
  * requests whose address cannot be read share one bucket instead of escaping the limit. Strings that are not IP
  * addresses (a proxy header's garbage, with `trust proxy` on) are returned as given. A port after the address
@@ -35,7 +38,9 @@ export function clientIpKey(ip: string | undefined | null): string {
   if (v6) return clientIpKey(v6[1]);
   const groups = parseIPv6(ip);
   if (groups === undefined) return ip;
-  if (groups[0] === 0 && groups[1] === 0 && groups[2] === 0 && groups[3] === 0 && groups[4] === 0 && groups[5] === 0xffff) {
+  const mapped = groups[0] === 0 && groups[1] === 0 && groups[5] === 0xffff;
+  const translated = groups[0] === 0x64 && groups[1] === 0xff9b && groups[5] === 0;
+  if ((mapped || translated) && groups[2] === 0 && groups[3] === 0 && groups[4] === 0) {
     const hi = groups[6]!;
     const lo = groups[7]!;
     return `${hi >> 8}.${hi & 0xff}.${lo >> 8}.${lo & 0xff}`;

@@ -33,7 +33,7 @@ export interface ResolvedLockerOptions {
 
 /** Validates the options every locker shares. */
 export function resolveLockerOptions(options: LockerOptions): ResolvedLockerOptions {
-  const o = { ...LOCKER_DEFAULTS, ...v.definedOnly(options) };
+  const o = v.withDefaults(LOCKER_DEFAULTS, options);
   return {
     ttl: v.duration('ttl', o.ttl),
     wait: v.duration('wait', o.wait, true),
@@ -116,7 +116,8 @@ export abstract class BaseLocker implements Locker {
   async using<T>(key: string, fn: (lease: Lease) => Promise<T>, options?: UsingOptions): Promise<T> {
     v.func('fn', fn);
     const o = this.callOptions('using', key, options);
-    const autoExtend = options?.autoExtend === undefined ? true : v.boolean('autoExtend', options.autoExtend);
+    const given = v.definedOnly(options);
+    const autoExtend = given.autoExtend === undefined ? true : v.boolean('autoExtend', given.autoExtend);
     const lease = await this.acquireWith(key, o);
     if (autoExtend) lease.startAutoExtend();
     try {

@@ -32,7 +32,7 @@ export class RedisLock extends BaseLocker {
    */
   constructor(redis: RedisClient, options?: RedisLockOptions) {
     assertClient('redis', redis);
-    const o = { ...REDIS_LOCK_DEFAULTS, ...v.definedOnly(options) };
+    const o = v.withDefaults(REDIS_LOCK_DEFAULTS, options);
     v.knownKeys('RedisLock', v.definedOnly(options), OPTIONS);
     const base = resolveLockerOptions(o);
     const prefix = checkPrefix(v.string('prefix', o.prefix));

@@ -44,7 +44,7 @@ export class Redlock extends BaseLocker {
     if (new Set(clients).size !== clients.length) throw new RangeError('clients must not contain the same client twice');
     const given = v.definedOnly(options);
     v.knownKeys('Redlock', given, OPTIONS);
-    const o = { ...REDIS_LOCK_DEFAULTS, ...REDLOCK_DEFAULTS, ...given };
+    const o = v.withDefaults({ ...REDIS_LOCK_DEFAULTS, ...REDLOCK_DEFAULTS }, given);
     const majority = Math.floor(clients.length / 2) + 1;
     const quorum = o.quorum === undefined ? majority : v.integer('quorum', o.quorum, 1);
     if (quorum < majority || quorum > clients.length) {

@@ -62,7 +62,7 @@ export class TokenBucket {
     if (options === null || typeof options !== 'object') {
       throw new TypeError('TokenBucket options must be an object with capacity and rate');
     }
-    const o = { ...TOKEN_BUCKET_DEFAULTS, ...v.definedOnly(options) };
+    const o = v.withDefaults(TOKEN_BUCKET_DEFAULTS, options);
     v.knownKeys('TokenBucket', v.definedOnly(options), OPTIONS);
     if (o.capacity === undefined) throw new TypeError('capacity is required');
     if (o.rate === undefined) throw new TypeError('rate is required');

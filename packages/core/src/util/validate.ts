@@ -2,7 +2,9 @@
 
 /** Drops keys whose value is `undefined`, so spreading over defaults keeps the defaults. */
 export function definedOnly<T extends object>(options: T | undefined): Partial<T> {
-  const out: Partial<T> = {};
+  // Without a prototype: an option the caller did not give must read as undefined even when some other library has
+  // polluted Object.prototype (`Object.prototype.owner = 'x'` would otherwise make every acquire re-enter every lock).
+  const out = Object.create(null) as Partial<T>;
   if (options === undefined || options === null) return out;
   if (typeof options !== 'object') throw new TypeError(`options must be an object, got ${describe(options)}`);
   for (const [k, v] of Object.entries(options)) {
@@ -18,6 +20,11 @@ export function describe(value: unknown): string {
   if (typeof value === 'function') return 'a function';
   if (Array.isArray(value)) return 'an array';
   return typeof value;
+}
+
+/** `defaults` overridden by the caller's defined options, in an object without a prototype (see definedOnly). */
+export function withDefaults<D extends object, T extends object>(defaults: D, options: T | undefined): D & Partial<T> {
+  return Object.assign(Object.create(null) as object, defaults, definedOnly(options)) as D & Partial<T>;
 }
 
 /** A finite number > 0 (or >= 0 with `allowZero`). */
