@@ -1,5 +1,6 @@
 // RedisLock against a real redis-server beyond the shared contract: a dead or frozen server, and where keys and
 // channels live in Redis, and a line whose first waiter went away.
+import { once } from 'node:events';
 import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
@@ -56,7 +57,7 @@ describe('RedisLock when Redis fails', () => {
   };
 
   /** A RedisLock whose client (and so its wake-up connection, a copy of it) reaches the node through a proxy. */
-  const proxied = async (prefix: string): Promise<{ proxy: Proxy; locks: RedisLock; close(): Promise<void> }> => {
+  const proxied = async (prefix: string): Promise<{ proxy: Proxy; client: Redis; locks: RedisLock; close(): Promise<void> }> => {
     const proxy = await startProxy(node.port);
     const client = new Redis({ host: '127.0.0.1', port: proxy.port });
     client.on('error', () => undefined);
@@ -66,7 +67,7 @@ describe('RedisLock when Redis fails', () => {
       client.disconnect();
       await proxy.close();
     };
-    return { proxy, locks, close };
+    return { proxy, client, locks, close };
   };
 
   // Failures in the background (auto-extension, a late hand-back) must never surface as unhandled rejections.
@@ -349,6 +350,24 @@ describe('RedisLock when Redis fails', () => {
       await until(async () => (await holds()) === '1', 2_000, 'the nested grant to be handed back');
       expect(await outer.release()).toBe(true);
       expect(await admin.exists(names.lock)).toBe(0);
+    } finally {
+      await close();
+    }
+  });
+
+  it('sends a release that met a network drop again once Redis is back: the key is not refused for the rest of its ttl', async () => {
+    const prefix = uniquePrefix('release-retry');
+    const { proxy, client, locks, close } = await proxied(prefix);
+    try {
+      const lease = await locks.acquire('k', { ttl: 30_000 });
+      proxy.cut();
+      await once(client, 'close');
+      // While ioredis reconnects the release fails at once, and its holder is done with the key.
+      await expect(lease.release()).rejects.toBeInstanceOf(LockUnavailableError);
+      // The next holder is let in (woken by the release's message) once the client is back, not after the 30 s ttl.
+      const next = await locker({ prefix }).locks.acquire('k', { wait: 10_000 });
+      expect(await lease.release()).toBe(false);
+      expect(await next.release()).toBe(true);
     } finally {
       await close();
     }

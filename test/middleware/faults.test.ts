@@ -317,6 +317,34 @@ describe('onStoreState', () => {
     await own.stop();
   });
 
+  it('drops the memory fallback once Redis is back and its buckets are full again, not before', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await ready(client);
+    const heard: string[] = [];
+    // A full refill takes 200 ms: the fallback is dropped 1.2 s after Redis is back.
+    const limiter = new RateLimiter(
+      { capacity: 2, rate: '2/200ms', redis: client, policy: 'forget', onStoreState: (e) => void heard.push(e.state) },
+      (ip: string) => ip,
+    );
+    const guard = (limiter as unknown as { guard: { fallbackBucket?: TokenBucket } }).guard;
+    await own.kill();
+    await notReady(client);
+    for (let i = 0; i < 100; i++) expect((await limiter.check(`10.0.0.${i}`))?.allowed).toBe(true);
+    const fallback = guard.fallbackBucket;
+    expect(fallback).toBeDefined();
+    await own.restart();
+    await ready(client);
+    expect((await limiter.check('10.0.0.1'))?.allowed).toBe(true);
+    expect(heard).toEqual(['down', 'up']);
+    // Still there within the refill (a new outage then must not bring back full buckets)...
+    expect(guard.fallbackBucket).toBe(fallback);
+    // ...and gone after it.
+    await until(() => guard.fallbackBucket === undefined, 5_000, 'the fallback to be dropped');
+    client.disconnect();
+    await own.stop();
+  });
+
   it('hears a frozen Redis go down at the timeout and come back when a probe gets an answer', async () => {
     const own = await startRedis();
     const client = own.client();

@@ -33,6 +33,8 @@ export class LeaseImpl implements Lease {
   private extendTimer: NodeJS.Timeout | undefined;
   private releasing: Promise<boolean> | undefined;
   private released = false;
+  private retryTimer: NodeJS.Timeout | undefined;
+  private retryDelay = 0;
 
   constructor(
     private readonly store: LockStore,
@@ -92,11 +94,40 @@ export class LeaseImpl implements Lease {
       return held;
     })();
     this.releasing = p;
-    p.catch(() => {
-      // A failed release may be retried by calling release() again.
-      if (this.releasing === p) this.releasing = undefined;
-    });
+    p.then(
+      () => this.stopRetrying(),
+      (error: unknown) => {
+        // A failed release may be retried by calling release() again; hasp also does so itself, see retryRelease.
+        if (this.releasing !== p) return;
+        this.releasing = undefined;
+        if (error instanceof LockUnavailableError) this.retryRelease();
+      },
+    );
     return p;
+  }
+
+  /**
+   * Sends a release that could not reach the store again, 100 ms later and then backing off to once a second, until it
+   * gets through or the lease would have run out anyway. Its holder is done: left to its ttl, a network blip at the
+   * moment of release would keep the key refused to everyone for up to the whole ttl (30 s by default), though Redis
+   * was back within a second. The release is idempotent (it compares the token), so a first one that reached Redis
+   * after all changes nothing.
+   */
+  private retryRelease(): void {
+    if (this.retryTimer !== undefined) return;
+    const left = this.expiry - this.store.now();
+    if (left <= 0) return;
+    this.retryDelay = Math.min(this.retryDelay * 2 || 100, 1_000);
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      if (this.store.now() < this.expiry) this.release().catch(() => undefined);
+    }, Math.min(this.retryDelay, left));
+    this.retryTimer.unref();
+  }
+
+  private stopRetrying(): void {
+    if (this.retryTimer !== undefined) clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
   }
 
   /**
