@@ -306,3 +306,88 @@ describe('Wakeups across a server restart', () => {
     }
   });
 });
+
+describe('Wakeups through the client’s own life', () => {
+  const next = (client: Redis, event: string, ms = 10_000): Promise<void> =>
+    within(new Promise<void>((resolve) => client.once(event, () => resolve())), ms, `the client's '${event}'`);
+  const listening = (channel: string, count = 1) => async (): Promise<boolean> => (await numsub([channel]))[0] === count;
+
+  it('subscribes the waiters of a locker made before its client ended and was connected again', async () => {
+    const prefix = uniquePrefix('reconnected');
+    const client = node.client();
+    const locks = new RedisLock(client, { prefix });
+    const holder = new RedisLock(node.client(), { prefix });
+    const channel = lockNames(prefix, 'k').channel;
+    try {
+      let lease = await holder.acquire('k');
+      let waiting = locks.acquire('k', { wait: 10_000 });
+      await until(listening(channel), 3_000, 'the waiter to listen');
+      await lease.release();
+      await (await within(waiting, 3_000, 'the first waiter')).release();
+      // The client's end closes its wake-ups; connect() brings the client back, and its lockers with it.
+      await client.quit();
+      await until(listening(channel, 0), 3_000, 'the subscriber to close with its client');
+      await client.connect();
+      lease = await holder.acquire('k');
+      waiting = locks.acquire('k', { wait: 10_000 });
+      await until(listening(channel), 3_000, 'the waiter to listen after the client came back');
+      const releasedAt = performance.now();
+      await lease.release();
+      await (await within(waiting, 3_000, 'the second waiter')).release();
+      expect(performance.now() - releasedAt).toBeLessThan(500);
+    } finally {
+      locks.close();
+      holder.close();
+    }
+  });
+
+  it('opens a new subscriber when Redis drops its own while the client stays up, and its waiters listen there', async () => {
+    const prefix = uniquePrefix('sub-dropped');
+    // A client that does not reconnect by itself: the subscriber copies its retryStrategy, so a dropped one ends.
+    const client = node.client({ retryStrategy: () => null });
+    const locks = new RedisLock(client, { prefix });
+    const holder = new RedisLock(node.client(), { prefix });
+    const channel = lockNames(prefix, 'k').channel;
+    try {
+      const lease = await holder.acquire('k');
+      const waiting = locks.acquire('k', { wait: 10_000 });
+      waiting.catch(() => undefined);
+      await until(listening(channel), 3_000, 'the waiter to listen');
+      // As Redis does itself past the pub/sub output buffer limit.
+      await admin.call('CLIENT', 'KILL', 'TYPE', 'pubsub');
+      await until(listening(channel), 3_000, 'the waiter to listen on a new subscriber');
+      expect(client.status).toBe('ready');
+      // Woken by the release, not after the 1 s a subscribed waiter sleeps between attempts.
+      const releasedAt = performance.now();
+      await lease.release();
+      await (await within(waiting, 3_000, 'the waiter')).release();
+      expect(performance.now() - releasedAt).toBeLessThan(500);
+    } finally {
+      locks.close();
+      holder.close();
+    }
+  });
+
+  it.each(['quit', 'disconnect'] as const)(
+    'closes when the client is %s-ed while only its own connection is down (the subscriber fine, ioredis emits no end)',
+    async (how) => {
+      // A long reconnect delay: the client is still waiting to reconnect when it is closed.
+      const client = node.client({ retryStrategy: () => 2_000 });
+      const wakeups = new Wakeups(client, 2_000);
+      try {
+        await within(wakeups.listen('wake:own-conn', () => undefined), 3_000, 'the subscription');
+        const reconnecting = next(client, 'reconnecting');
+        // As Redis's idle `timeout` does: it closes normal connections, never pub/sub ones.
+        await admin.call('CLIENT', 'KILL', 'ID', String(await client.call('CLIENT', 'ID')));
+        await reconnecting;
+        if (how === 'quit') void client.quit().catch(() => undefined);
+        else client.disconnect();
+        await until(() => wakeups.isClosed, 1_000, 'the wake-ups to close');
+        await until(listening('wake:own-conn', 0), 3_000, 'the subscriber to close');
+      } finally {
+        wakeups.close();
+        client.disconnect();
+      }
+    },
+  );
+});

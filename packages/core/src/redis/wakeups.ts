@@ -19,6 +19,8 @@ interface Channel {
 
 const LINGER_MS = 2_000;
 const IDLE_CLOSE_MS = 5_000;
+const RENEW_MIN_MS = 100;
+const RENEW_MAX_MS = 5_000;
 
 /** Pub/sub wake-ups for one user client. */
 export class Wakeups {
@@ -28,6 +30,12 @@ export class Wakeups {
   private closed = false;
   // Stops waiting for the client's 'end' (shared with the other Wakeups on the client; see onNext).
   private readonly stopWaitingForEnd: () => void;
+  // While the user's client is between connections: stops waiting for its next 'close', or the check below.
+  private stopWatchingClose: (() => void) | undefined;
+  private closeCheck: NodeJS.Timeout | undefined;
+  // A new copy's subscriptions after one ended on its own (see lost), and the delay before them.
+  private renewTimer: NodeJS.Timeout | undefined;
+  private renewDelay = 0;
   /**
    * The client's ioredis `keyPrefix`. ioredis prepends it to the keys of our scripts, so a release publishes on the
    * prefixed name, but not to SUBSCRIBE's channels: we add it ourselves.
@@ -39,6 +47,7 @@ export class Wakeups {
     private readonly timeout: number,
   ) {
     this.stopWaitingForEnd = onNext(client, 'end', () => this.close());
+    this.watchClose();
     const keyPrefix = (client as { options?: { keyPrefix?: unknown } }).options?.keyPrefix;
     this.prefix = typeof keyPrefix === 'string' ? keyPrefix : '';
   }
@@ -94,6 +103,9 @@ export class Wakeups {
     if (this.closed) return;
     this.closed = true;
     this.stopWaitingForEnd();
+    this.stopWatchingClose?.();
+    if (this.closeCheck) clearInterval(this.closeCheck);
+    if (this.renewTimer) clearTimeout(this.renewTimer);
     if (this.idleTimer) clearTimeout(this.idleTimer);
     this.idleTimer = undefined;
     const listeners = [...this.channels.values()].flatMap((ch) => {
@@ -104,6 +116,27 @@ export class Wakeups {
     this.subscriber?.disconnect();
     this.subscriber = undefined;
     for (const listener of listeners) listener('');
+  }
+
+  /**
+   * A client quit or disconnected while it is reconnecting emits no 'end' (ioredis has no connection left to close):
+   * after each 'close' of the user's client, check until it is ready again whether the user closed it meanwhile.
+   */
+  private watchClose(): void {
+    if (this.closed) return;
+    this.stopWatchingClose = onNext(this.client, 'close', () => {
+      this.stopWatchingClose = undefined;
+      if (this.closed) return;
+      this.closeCheck = setInterval(() => {
+        if (closedByUser(this.client)) this.close();
+        else if (this.client.status === 'ready') {
+          clearInterval(this.closeCheck);
+          this.closeCheck = undefined;
+          this.watchClose();
+        }
+      }, 100);
+      this.closeCheck.unref();
+    });
   }
 
   private connection(): RedisClient {
@@ -129,6 +162,7 @@ export class Wakeups {
     sub.on('error', () => {
       // Connection errors surface as failed/slow wake-ups and the waiters' polling fallback; nothing to report here.
     });
+    sub.on('end', () => this.lost(sub));
     sub.on('message', (channel: string, message: string) => this.deliver(channel, message));
     sub.on('smessage', (channel: string, message: string) => this.deliver(channel, message));
     // A copy of a `lazyConnect` client waits for a first command to connect, and SUBSCRIBE waits for it to be ready:
@@ -157,14 +191,59 @@ export class Wakeups {
         typeof retry !== 'function'
           ? retry
           : (times) => {
-              // ioredis sets this on quit() and disconnect(), and clears it only when a connection closes.
-              if ((client as unknown as { manuallyClosing?: unknown }).manuallyClosing === true || client.status === 'end') {
+              if (closedByUser(client)) {
                 this.close();
                 return null;
               }
               return retry(times);
             },
     };
+  }
+
+  /**
+   * The copy ended on its own (ours unset `subscriber` first): its retryStrategy, the user's, gave up, say after Redis
+   * dropped it past the pub/sub output buffer limit, while the user's client may well be up. Its subscriptions are gone,
+   * and its channels' waiters, subscribed as far as they know, would sleep a second between attempts for good: subscribe
+   * them again on a new copy, backing off while copies keep ending (Redis at maxclients, say).
+   */
+  private lost(sub: RedisClient): void {
+    if (this.subscriber !== sub) return;
+    this.subscriber = undefined;
+    for (const ch of this.channels.values()) ch.ready = undefined;
+    if (this.channels.size === 0 || this.renewTimer !== undefined) return;
+    this.renewDelay = Math.min(this.renewDelay * 2 || RENEW_MIN_MS, RENEW_MAX_MS);
+    this.renewTimer = setTimeout(() => this.renew(), this.renewDelay);
+    this.renewTimer.unref();
+  }
+
+  /** Subscribes the channels that lost their subscription on a new copy, then wakes their listeners (see lost). */
+  private renew(): void {
+    this.renewTimer = undefined;
+    if (this.closed || this.channels.size === 0) return;
+    if (closedByUser(this.client)) return this.close();
+    const sub = this.connection();
+    for (const [name, ch] of this.channels) {
+      if (ch.ready !== undefined) continue;
+      const ready = bounded(sub, this.timeout, async () => {
+        await whenReady(sub);
+        return sub.subscribe(name);
+      });
+      ch.ready = ready;
+      // A release published while it was not subscribed was not heard: its waiters look now ('' = anyone may try).
+      const wake = () => {
+        for (const listener of [...ch.listeners]) listener('');
+      };
+      ready.then(
+        () => {
+          this.renewDelay = 0;
+          wake();
+        },
+        () => {
+          if (ch.ready === ready) ch.ready = undefined;
+          wake();
+        },
+      );
+    }
   }
 
   /**
@@ -215,6 +294,12 @@ export class Wakeups {
   }
 }
 
+/** Whether the user closed `client` (quit() or disconnect(), done or under way): nothing may reconnect for it then. */
+function closedByUser(client: RedisClient): boolean {
+  // ioredis sets manuallyClosing on quit() and disconnect(), and clears it only when a connection closes.
+  return (client as unknown as { manuallyClosing?: unknown }).manuallyClosing === true || client.status === 'end';
+}
+
 // The Wakeups of each client, and how many lockers use it.
 const shared = new WeakMap<RedisClient, { wakeups: Wakeups; users: number }>();
 
@@ -228,7 +313,7 @@ export class WakeupShare {
 
   private constructor(
     private readonly client: RedisClient,
-    private readonly wakeups: Wakeups,
+    private wakeups: Wakeups,
     private readonly timeout: number,
   ) {}
 
@@ -237,18 +322,26 @@ export class WakeupShare {
    * give up after `timeout` ms.
    */
   static of(client: RedisClient, timeout: number): WakeupShare {
+    return new WakeupShare(client, WakeupShare.current(client, timeout), timeout);
+  }
+
+  private static current(client: RedisClient, timeout: number): Wakeups {
     let entry = shared.get(client);
     if (entry === undefined || entry.wakeups.isClosed) {
       entry = { wakeups: new Wakeups(client, timeout), users: 0 };
       shared.set(client, entry);
     }
     entry.users++;
-    return new WakeupShare(client, entry.wakeups, timeout);
+    return entry.wakeups;
   }
 
   /** See {@link Wakeups.listen}. */
   async listen(name: string, listener: Listener): Promise<() => void> {
     if (this.closed) throw new Error('wake-ups closed');
+    if (this.wakeups.isClosed && !closedByUser(this.client)) {
+      // Its client was connected again after it ended, or the subscriber copy gave up: use the client's current ones.
+      this.wakeups = WakeupShare.current(this.client, this.timeout);
+    }
     const entry: { listener: Listener; stop: (() => void) | undefined } = { listener, stop: undefined };
     this.active.add(entry);
     let stop: () => void;
