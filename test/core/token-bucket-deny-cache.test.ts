@@ -3,7 +3,7 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TokenBucket } from '../../packages/core/src/index.js';
-import { DENY_CACHE_SIZE, RedisBucketStore, Taken, type TakeHome } from '../../packages/core/src/rate-limit/bucket-store.js';
+import { DENY_CACHE_MS, DENY_CACHE_SIZE, RedisBucketStore, Taken, type TakeHome } from '../../packages/core/src/rate-limit/bucket-store.js';
 import { gcraParams } from '../../packages/core/src/rate-limit/gcra.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { uniquePrefix } from './helpers.js';
@@ -182,6 +182,16 @@ describe('TokenBucket on Redis: keys known to be short of tokens', () => {
     expect((await a.take('k')).allowed).toBe(false);
     await sleepUntil(deniedAt + denied.retryAfter);
     expect((await a.take('k')).allowed).toBe(true);
+  });
+
+  it('forgets the keys whose time is up at the next take that asks Redis, not only when new keys push them out', async () => {
+    const store = new RedisBucketStore(admin, uniquePrefix('expired'), gcraParams(1, 1 / 3_600), 2_000);
+    // A scan of 100 client IPs, each emptying its bucket once.
+    for (let i = 0; i < 100; i++) expect((await store.take(`10.0.0.${i}`, 1, true)).allowed).toBe(true);
+    expect(store.deniedSize).toBe(100);
+    await sleepUntil(performance.now() + DENY_CACHE_MS + 10);
+    expect((await store.take('10.0.1.1', 1, true)).allowed).toBe(true);
+    expect(store.deniedSize).toBe(1);
   });
 
   it('stays bounded: the oldest remembered key makes room for a new one', async () => {

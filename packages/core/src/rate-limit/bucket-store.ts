@@ -214,6 +214,7 @@ export class RedisBucketStore implements BucketStore {
 
   private remote(key: string, name: string, cost: number, commit: boolean, home: TakeHome | undefined): Promise<Decision> {
     const sent = nowUs();
+    if (this.denied.size > 0) this.dropExpired(sent);
     // A plain chain rather than async functions: this runs for every take.
     return this.call(
       () => TAKE.run(this.client, [name], [this.params.burst, this.params.interval, commit ? '1' : '0', cost]),
@@ -254,6 +255,18 @@ export class RedisBucketStore implements BucketStore {
     if (low <= now) return;
     makeRoom(this.denied, this.deniedMax);
     this.denied.set(name, { tat, low, until: now + DENY_CACHE_MS * 1_000 });
+  }
+
+  /**
+   * Drops the remembered keys whose time is up: they would only be asked of Redis again, and kept, a scan of 10 000
+   * client IPs would hold 2 MB per limiter until as many new keys pushed them out. Every entry is written with the same
+   * horizon and re-inserted when written, so the map is in `until` order and the expired ones lead: amortised O(1).
+   */
+  private dropExpired(now: number): void {
+    for (const [name, short] of this.denied) {
+      if (short.until > now) return;
+      this.denied.delete(name);
+    }
   }
 
   /** Gives back the tokens of an admitting take whose caller gave up, while the bucket still holds what it stored. */
