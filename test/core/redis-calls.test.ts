@@ -2,7 +2,17 @@
 // a connection is one EVAL (no NOSCRIPT round trip), and every call still fails within its timeout on a frozen server.
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { LockBusyError, LockLostError, LockUnavailableError, RedisLock, Redlock, TokenBucket, type Lease, type LockErrorEvent } from '../../packages/core/src/index.js';
+import {
+  LockBusyError,
+  LockLostError,
+  LockUnavailableError,
+  RateLimitUnavailableError,
+  RedisLock,
+  Redlock,
+  TokenBucket,
+  type Lease,
+  type LockErrorEvent,
+} from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import {
   ACQUIRE,
@@ -940,6 +950,34 @@ describe('Redis calls', () => {
     expect((await commandStats('evalsha')).calls).toBe(3);
     await last.release();
     pair.close();
+  });
+
+  it('fails its calls on a client inside the app’s own MULTI (answered QUEUED), and an acquire run at EXEC is handed back', async () => {
+    const client = await connected();
+    const prefix = uniquePrefix('multi');
+    const locks = new RedisLock(client, { prefix });
+    const bucket = new TokenBucket({ capacity: 1, rate: '1/h', redis: client, prefix });
+    const unhandled = trackUnhandled();
+    try {
+      // Warm: every call below goes as EVALSHA, merged or alone.
+      await (await locks.acquire('warm')).release();
+      await bucket.take('warm');
+      await client.multi({ pipeline: false });
+      const calls = [rejection(locks.tryAcquire('k')), rejection(bucket.take('t')), rejection(bucket.take('t2'))];
+      const [lockError, ...takeErrors] = await within(Promise.all(calls), 3_000, 'the calls inside MULTI');
+      expect(lockError).toBeInstanceOf(LockUnavailableError);
+      expect(String((lockError as Error).message)).toMatch(/inside a MULTI/);
+      for (const e of takeErrors) expect(e).toBeInstanceOf(RateLimitUnavailableError);
+      // Run at EXEC: the acquire, then the release hasp queued behind it.
+      await client.exec();
+      expect(await client.exists(lockNames(prefix, 'k').lock)).toBe(0);
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(unhandled.reasons).toEqual([]);
+    } finally {
+      unhandled.stop();
+      locks.close();
+      client.disconnect();
+    }
   });
 
   it('fails a batch in flight when the server dies, then works again on the same client after a restart', async () => {

@@ -1,7 +1,7 @@
 // RedisLock against a real redis-server beyond the shared contract: a dead or frozen server, and where keys and
 // channels live in Redis, and a line whose first waiter went away.
 import { once } from 'node:events';
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
   LockLostError,
@@ -57,9 +57,12 @@ describe('RedisLock when Redis fails', () => {
   };
 
   /** A RedisLock whose client (and so its wake-up connection, a copy of it) reaches the node through a proxy. */
-  const proxied = async (prefix: string): Promise<{ proxy: Proxy; client: Redis; locks: RedisLock; close(): Promise<void> }> => {
+  const proxied = async (
+    prefix: string,
+    options: RedisOptions = {},
+  ): Promise<{ proxy: Proxy; client: Redis; locks: RedisLock; close(): Promise<void> }> => {
     const proxy = await startProxy(node.port);
-    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
+    const client = new Redis({ host: '127.0.0.1', port: proxy.port, ...options });
     client.on('error', () => undefined);
     const locks = new RedisLock(client, { prefix });
     const close = async () => {
@@ -150,6 +153,46 @@ describe('RedisLock when Redis fails', () => {
     // The acquire queued in the frozen server is granted when it thaws; the locker releases it instead of leaving
     // the key held for its 30 s ttl.
     await takenOnceFree(locks, 'late', 'the late acquire to be handed back');
+  });
+
+  it('hands back an acquire that ioredis failed on its own (commandTimeout) though Redis ran it: no key held by nobody', async () => {
+    const redis = node.client({ commandTimeout: 100 });
+    clients.push(redis);
+    const prefix = uniquePrefix('cmd-timeout');
+    const locks = new RedisLock(redis, { prefix });
+    lockers.push(locks);
+    expect(await redis.ping()).toBe('PONG');
+    node.pause();
+    try {
+      // ioredis gives up after 100 ms, well within hasp's 2 s timeout: no late reply will reach hasp.
+      const error = await within(rejection(locks.tryAcquire('k', { ttl: 30_000 })), 3_000, 'tryAcquire');
+      expectUnavailable(error);
+      expect(String((error as Error).message)).toContain('timed out');
+    } finally {
+      node.resume();
+    }
+    // The frozen server runs the acquire, then the release sent behind it on the same connection.
+    expect(await redis.ping()).toBe('PONG');
+    expect(await locker().redis.exists(lockNames(prefix, 'k').lock)).toBe(0);
+  });
+
+  it('hands back an acquire whose reply a dropped connection lost (maxRetriesPerRequest: 0), once the client is back', async () => {
+    const prefix = uniquePrefix('unsure');
+    const { proxy, locks, close } = await proxied(prefix, { maxRetriesPerRequest: 0 });
+    try {
+      // The acquire reaches Redis, which grants it; its reply is lost, and the connection drops.
+      proxy.swallowRepliesAfter('eval(?:sha)?');
+      const acquiring = rejection(locks.tryAcquire('k', { ttl: 30_000 }));
+      await within(proxy.sent('eval(?:sha)?'), 3_000, 'the acquire to be sent');
+      proxy.swallowRepliesAfter('no-such-command');
+      proxy.cut();
+      expectUnavailable(await within(acquiring, 3_000, 'tryAcquire'));
+      // Released once the client has reconnected: the next caller gets in long before the 30 s ttl.
+      const next = await locker({ prefix }).locks.acquire('k', { wait: 10_000 });
+      expect(await next.release()).toBe(true);
+    } finally {
+      await close();
+    }
   });
 
   it('hands back the hold of a same-owner (nested) acquire that lands late, so the outer release frees the key', async () => {

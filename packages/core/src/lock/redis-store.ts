@@ -2,6 +2,7 @@
 import { LockUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
+import { unexpectedReply } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
@@ -44,6 +45,7 @@ export function ownerName(owner: string): string {
  * answers them as strings.
  */
 export function parseAttempt(reply: unknown): AttemptResult {
+  if (!Array.isArray(reply)) throw unexpectedReply(reply);
   const r = reply as [number | string, string | number, unknown?, number?];
   if (Number(r[0]) === 1) return { ok: true, token: String(r[1]), fence: Number(r[2]), ttl: Number(r[3]) };
   if (Array.isArray(r[2])) return { ok: false, pttl: Number(r[1]), ahead: r[2].map(String) };
@@ -75,6 +77,12 @@ export class RedisLockStore implements LockStore {
   // Tokens of this process's waiters that left their line (let in, or gave up), oldest first: a refusal computed in
   // Redis before their leaving landed there may still list them as ahead. Kept far longer than a round trip.
   private readonly left = new Set<string>();
+  // Tokens a release of this process named as its heir, oldest first (see releaseUnsure).
+  private readonly named = new Set<string>();
+  // Tokens of acquires that failed after they were sent, with their names and until when to release them.
+  private readonly unsure = new Map<string, { n: LockNames; until: number }>();
+  private unsureTimer: NodeJS.Timeout | undefined;
+  private unsureDelay = 0;
   // What the first refusal of a waiter reported as ahead of it, until the waiter registers with waitHere.
   private readonly firstAhead = new Map<string, Set<string> | null>();
   // Hand-overs need commands to run in the order they are sent: a standalone connection gives that, a Cluster client
@@ -115,6 +123,47 @@ export class RedisLockStore implements LockStore {
             return r;
           }
         : parseAttempt,
+      () => this.releaseUnsure(n, token, ttl),
+    );
+  }
+
+  /**
+   * An acquire failed after it was sent (ioredis's `commandTimeout` or retry limit, a connection that closed with the
+   * reply on its way): it may have taken the lock, or take it when a stalled Redis resumes, and no reply will come to
+   * hand it back, so the key would be held by nobody for the whole ttl. Release its token: sent now, the release runs
+   * after the acquire on this connection; it is sent again, backing off, until it gets through or the ttl is up. Not
+   * when a release of this process named the token as its heir: the lock may be that waiter's lease by now (a waiter
+   * that gave up is freed by handedTo). (A same-owner acquire that re-entered adds a hold to the holder's token, which
+   * cannot be told from here; that hold stays until the ttl.)
+   */
+  private releaseUnsure(n: LockNames, token: string, ttl: number): void {
+    if (this.named.has(token)) return;
+    makeRoom(this.unsure, LEFT_MAX);
+    this.unsure.set(token, { n, until: this.now() + ttl });
+    this.sendUnsure(token);
+  }
+
+  private sendUnsure(token: string): void {
+    const u = this.unsure.get(token);
+    if (u === undefined) return;
+    if (this.now() >= u.until) {
+      this.unsure.delete(token);
+      return;
+    }
+    this.call('release', () => this.releaseScript(u.n, token)).then(
+      () => {
+        this.unsure.delete(token);
+        this.unsureDelay = 0;
+      },
+      () => {
+        if (this.unsureTimer !== undefined) return;
+        this.unsureDelay = Math.min(this.unsureDelay * 2 || 100, 1_000);
+        this.unsureTimer = setTimeout(() => {
+          this.unsureTimer = undefined;
+          for (const t of [...this.unsure.keys()]) this.sendUnsure(t);
+        }, this.unsureDelay);
+        this.unsureTimer.unref();
+      },
     );
   }
 
@@ -209,6 +258,11 @@ export class RedisLockStore implements LockStore {
     return true;
   }
 
+  private noteHeir(heir: string): void {
+    makeRoom(this.named, LEFT_MAX);
+    this.named.add(heir);
+  }
+
   /** A queued attempt of `token` was refused; `ahead`: the tokens ahead of it in the line, if the reply listed them. */
   private noteAhead(key: string, token: string, ahead: readonly string[] | undefined): void {
     // Let in meanwhile (this refusal was on its way): nothing to note.
@@ -237,6 +291,7 @@ export class RedisLockStore implements LockStore {
     let settle!: (expiresAt: number | null) => void;
     const confirmation = new Promise<number | null>((resolve) => (settle = resolve));
     this.dropLocal(key, heir);
+    this.noteHeir(heir.token);
     heir.granted({ ok: true, token: heir.token, fence, ttl: heir.ttl, expiresAt, confirmation }, since);
     const recorded = (reply: unknown): boolean => {
       const r = Number(reply);
@@ -258,6 +313,7 @@ export class RedisLockStore implements LockStore {
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
   private releaseScript(n: LockNames, token: string, heir?: LocalWaiter): Promise<unknown> {
     if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token]);
+    this.noteHeir(heir.token);
     return RELEASE.run(
       this.client,
       [n.lock, n.queue, n.deadlines, n.fence],
@@ -266,9 +322,21 @@ export class RedisLockStore implements LockStore {
   }
 
   // One promise, not an async function or a chain: this runs twice per lock cycle, and every await costs a tick.
-  private call<T, R = T>(what: string, op: () => Promise<T>, late?: (result: T) => void, map?: (result: T) => R): Promise<R> {
-    return bounded(this.client, this.timeout, op, late, map, (error) =>
-      new LockUnavailableError(`lock ${what} failed: ${(error as Error).message}`, { cause: error }),
+  private call<T, R = T>(
+    what: string,
+    op: () => Promise<T>,
+    late?: (result: T) => void,
+    map?: (result: T) => R,
+    unsure?: () => void,
+  ): Promise<R> {
+    return bounded(
+      this.client,
+      this.timeout,
+      op,
+      late,
+      map,
+      (error) => new LockUnavailableError(`lock ${what} failed: ${(error as Error).message}`, { cause: error }),
+      unsure,
     );
   }
 }

@@ -2,7 +2,7 @@
 import { RateLimitUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { keyStem, storedKey } from '../redis/keys.js';
-import { sendPending } from '../redis/script.js';
+import { sendPending, unexpectedReply } from '../redis/script.js';
 import type { Decision, RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
 import { REFUND, TAKE } from './bucket.lua.js';
@@ -224,6 +224,7 @@ export class RedisBucketStore implements BucketStore {
       commit ? (late) => this.refund(key, late as TakeReply, cost) : undefined,
     ).then((result) => {
       // Redis read the clock and the bucket; the decision is the same arithmetic on what it saw, done here.
+      if (!Array.isArray(result)) throw unavailable(unexpectedReply(result));
       // Number(): a client made with ioredis's `stringNumbers` answers numbers as strings.
       const ahead = Number((result as TakeReply)[0]);
       const { decision, after } = decide(this.params, ahead, 0, cost, false);

@@ -4,8 +4,12 @@ import type { RedisClient } from '../types.js';
 
 /** Thrown (internally, then wrapped by the caller into its typed error) when Redis is down or too slow. */
 export class RedisCallError extends Error {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
+  constructor(
+    message: string,
+    /** Whether the command was never handed to the connection (it cannot have run). */
+    readonly unsent = false,
+  ) {
+    super(message);
     this.name = 'RedisCallError';
   }
 }
@@ -24,15 +28,15 @@ export function unavailable(client: RedisClient): RedisCallError | undefined {
     manuallyClosing?: unknown;
   };
   if (status === 'ready' && manuallyClosing !== true) return undefined;
-  if (status !== undefined && DOWN.has(status)) return new RedisCallError(`Redis connection is ${status}`);
+  if (status !== undefined && DOWN.has(status)) return new RedisCallError(`Redis connection is ${status}`, true);
   // After the user's quit() the server closes the socket: a command written then fails with EPIPE, and the close
   // that follows rejects the user's own QUIT with "Connection is closed" if its reply was not read yet.
-  if (manuallyClosing === true) return new RedisCallError('Redis connection is closing');
+  if (manuallyClosing === true) return new RedisCallError('Redis connection is closing', true);
   // Between reconnect attempts ioredis passes through 'connecting' and 'connect'; a command sent then would wait in the
   // offline queue and run whenever the server is back, long after we gave up on it. A client that has connected
   // before counts its attempts (reset once ready).
   if (typeof retryAttempts === 'number' && retryAttempts > 0) {
-    return new RedisCallError(`Redis connection is reconnecting (attempt ${retryAttempts})`);
+    return new RedisCallError(`Redis connection is reconnecting (attempt ${retryAttempts})`, true);
   }
   return undefined;
 }
@@ -42,6 +46,8 @@ export function unavailable(client: RedisClient): RedisCallError | undefined {
  * When the operation completes after the caller gave up, `late` receives its result so side effects can be undone.
  * `map` turns the reply into the result and `wrap` turns any failure into the caller's error, inside the one promise
  * this returns (a lock cycle runs this twice, and every extra `.then` or `.catch` is one more promise and tick).
+ * `unsure` is called when the operation was sent but failed or timed out, so that it may have run, or may still run,
+ * with no reply to say so: ioredis's own `commandTimeout` or retry limit, a connection closed with the reply on its way.
  */
 export function bounded<T, R = T>(
   client: RedisClient,
@@ -50,6 +56,7 @@ export function bounded<T, R = T>(
   late?: (result: T) => void,
   map?: (result: T) => R,
   wrap?: (error: unknown) => unknown,
+  unsure?: () => void,
 ): Promise<R> {
   const fail = wrap ?? same;
   const down = unavailable(client);
@@ -61,7 +68,10 @@ export function bounded<T, R = T>(
     return Promise.reject(fail(error));
   }
   return new Promise<R>((resolve, reject) => {
-    const entry = watch(timeout, () => reject(fail(timedOut(timeout))));
+    const entry = watch(timeout, () => {
+      unsure?.();
+      reject(fail(timedOut(timeout)));
+    });
     pending.then(
       (value) => {
         if (entry.expired) {
@@ -76,12 +86,16 @@ export function bounded<T, R = T>(
         try {
           resolve(map(value));
         } catch (error) {
+          // A reply that cannot be read (see unexpectedReply): what the command did is not known either.
+          unsure?.();
           reject(fail(error));
         }
       },
       (error: unknown) => {
         if (entry.expired) return;
         settle(entry);
+        // (A batch whose connection dropped before it went out fails its calls unsent: see script.ts.)
+        if (unsure !== undefined && !(error instanceof RedisCallError && error.unsent)) unsure();
         reject(fail(error));
       },
     );

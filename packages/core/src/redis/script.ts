@@ -352,6 +352,11 @@ function flushBatch(batch: Batch, late = false): void {
   }
   pending.then(
     (reply) => {
+      if (!Array.isArray(reply)) {
+        const error = unexpectedReply(reply);
+        for (const c of calls) c.reject(error);
+        return;
+      }
       const replies = reply as unknown[];
       if (form !== undefined) {
         settleWidth(calls, replies, form.width);
@@ -390,6 +395,15 @@ function settleWidth(calls: readonly Call[], replies: readonly unknown[], width:
     if (error !== undefined) calls[i]!.reject(error);
     else calls[i]!.resolve(values);
   }
+}
+
+/**
+ * The error for a reply no script of hasp's gives, such as the `QUEUED` of a connection inside the user's `MULTI`
+ * (`multi({ pipeline: false })`), where every command is queued until EXEC, and ours would run then, unanswered.
+ */
+export function unexpectedReply(reply: unknown): Error {
+  const shown = typeof reply === 'string' ? JSON.stringify(reply.slice(0, 40)) : typeof reply;
+  return new Error(`Redis answered ${shown} where a script's reply was due (is the client inside a MULTI of yours?)`);
 }
 
 function forward(c: Call, send: () => Promise<unknown>): void {
