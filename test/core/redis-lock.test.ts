@@ -398,11 +398,11 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
-  it('sends a release that met a network drop again once Redis is back: the key is not refused for the rest of its ttl', async () => {
+  it.each([undefined, 'request-1'])('sends a release that met a network drop again once Redis is back (owner %s): the key is not refused for the rest of its ttl', async (owner) => {
     const prefix = uniquePrefix('release-retry');
     const { proxy, client, locks, close } = await proxied(prefix);
     try {
-      const lease = await locks.acquire('k', { ttl: 30_000 });
+      const lease = await locks.acquire('k', { ttl: 30_000, owner });
       proxy.cut();
       await once(client, 'close');
       // While ioredis reconnects the release fails at once, and its holder is done with the key.

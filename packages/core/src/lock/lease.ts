@@ -1,6 +1,7 @@
 // The one Lease implementation every backend hands out: expiry tracking, extension, idempotent release, and the
 // abort signal that tells the holder its lock is gone.
 import { HaspError, LockLostError, LockUnavailableError } from '../errors.js';
+import { RedisCallError } from '../redis/call.js';
 import type { Lease, LockErrorEvent } from '../types.js';
 import * as v from '../util/validate.js';
 import type { LockStore } from './store.js';
@@ -100,7 +101,7 @@ export class LeaseImpl implements Lease {
         // A failed release may be retried by calling release() again; hasp also does so itself, see retryRelease.
         if (this.releasing !== p) return;
         this.releasing = undefined;
-        if (error instanceof LockUnavailableError) this.retryRelease();
+        if (error instanceof LockUnavailableError && (this.owner === '' || neverSent(error))) this.retryRelease();
       },
     );
     return p;
@@ -110,8 +111,10 @@ export class LeaseImpl implements Lease {
    * Sends a release that could not reach the store again, 100 ms later and then backing off to once a second, until it
    * gets through or the lease would have run out anyway. Its holder is done: left to its ttl, a network blip at the
    * moment of release would keep the key refused to everyone for up to the whole ttl (30 s by default), though Redis
-   * was back within a second. The release is idempotent (it compares the token), so a first one that reached Redis
-   * after all changes nothing.
+   * was back within a second. Only when sending it again is harmless: without an owner the token is this lease's alone
+   * and the release compares it, so a first one that reached Redis after all makes the next a no-op; with an owner
+   * each release drops one hold of a token other leases may share (nested ones, or another process's under the same
+   * owner), so only a release that was never sent is sent again.
    */
   private retryRelease(): void {
     if (this.retryTimer !== undefined) return;
@@ -224,4 +227,9 @@ export class LeaseImpl implements Lease {
     this.expiryTimer = undefined;
     this.extendTimer = undefined;
   }
+}
+
+/** Whether a store's failure says its command never went out (so it cannot have run). */
+function neverSent(error: LockUnavailableError): boolean {
+  return error.cause instanceof RedisCallError && error.cause.unsent;
 }
