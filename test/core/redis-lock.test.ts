@@ -155,6 +155,26 @@ describe('RedisLock when Redis fails', () => {
     await takenOnceFree(locks, 'late', 'the late acquire to be handed back');
   });
 
+  it('does not send again a release of a nested lease that timed out (it may have run): the sibling keeps its hold', async () => {
+    const prefix = uniquePrefix('nested-retry');
+    const { redis, locks } = locker({ prefix, timeout: 200 });
+    const outer = await locks.acquire('k', { owner: 'job' });
+    const inner = await locks.acquire('k', { owner: 'job' });
+    expect(inner.token).toBe(outer.token);
+    node.pause();
+    try {
+      expectUnavailable(await within(rejection(outer.release()), 3_000, 'the release'));
+      // Sent, so it may have run (it does, once the server thaws): another one would drop the sibling's hold too.
+      expect((outer as unknown as { retryTimer?: unknown }).retryTimer).toBeUndefined();
+    } finally {
+      node.resume();
+    }
+    expect(await redis.ping()).toBe('PONG');
+    expect(await locker({ prefix }).locks.tryAcquire('k')).toBeNull();
+    expect(inner.signal.aborted).toBe(false);
+    expect(await inner.release()).toBe(true);
+  });
+
   it('hands back an acquire that ioredis failed on its own (commandTimeout) though Redis ran it: no key held by nobody', async () => {
     const redis = node.client({ commandTimeout: 100 });
     clients.push(redis);

@@ -146,7 +146,8 @@ export class RedisLockStore implements LockStore {
   private sendUnsure(token: string): void {
     const u = this.unsure.get(token);
     if (u === undefined) return;
-    if (this.now() >= u.until) {
+    // Named as a release's heir since (a hand-over that landed after the acquire failed): the lock may be its lease's.
+    if (this.now() >= u.until || this.named.has(token)) {
       this.unsure.delete(token);
       return;
     }
