@@ -1,6 +1,7 @@
 // A second app process for the cross-process tests: `node --import tsx app-process.ts <framework> <redis port> <policy>`
-// serves /limited (rateLimit, capacity 6, 1/h, key ?k=) and /buy (withLock on ?order=, answering once /release?order=
-// is called) on its own Redis connection, and prints `LISTENING <url>`.
+// serves /limited (rateLimit, capacity 6, 1/h, key ?k=), /buy (withLock on ?order=, answering once /release?order=
+// is called) and /quick (withLock on ?order=, answering at once, then busy for ?ms=) on its own Redis connection, and
+// prints `LISTENING <url>`.
 import { Redis } from 'ioredis';
 import { deferred, framework, type FrameworkName } from './apps.js';
 
@@ -22,6 +23,19 @@ const app = await fw.start({
       use: [fw.withLock((r: { query: { order?: string } }) => r.query.order, { redis })],
       handle: async (c) => {
         await hold(c.query.order!).promise;
+        return undefined;
+      },
+    },
+    // Answers at once, then keeps the process busy for ?ms= before anything else runs (as a handler's synchronous work
+    // after answering, or a busy event loop, would): the lock's release must already be on its way to Redis by then.
+    '/quick': {
+      use: [fw.withLock((r: { query: { order?: string } }) => r.query.order, { redis })],
+      handle: (c) => {
+        const ms = Number(c.query.ms ?? 0);
+        process.nextTick(() => {
+          const end = performance.now() + ms;
+          while (performance.now() < end);
+        });
         return undefined;
       },
     },

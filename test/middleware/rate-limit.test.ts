@@ -11,7 +11,7 @@ import type { Redis } from 'ioredis';
 import { Readable } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
-import { bucketKey, until, within } from '../core/helpers.js';
+import { bucketKey, uniquePrefix, until, within } from '../core/helpers.js';
 import { trackUnhandled } from '../redlock/support.js';
 import { deferred, FRAMEWORKS, framework, get, type Framework, type Response, type RunningApp } from './apps.js';
 
@@ -674,6 +674,22 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
         ['0:0:0:0::/64', '127.0.0.1'].map((key) => bucketKey(settings, `hasp:tb:${policy}:`, key)).sort(),
       );
     });
+  });
+
+  it('sends the lock’s release to Redis before the response: the client’s next request, through another process, gets in', async () => {
+    const child = await startChild(name, node.port, freshPolicy('order'));
+    try {
+      const lockApp = await start({ routes: { '/buy': { use: [fw.withLock((r: { query: { order?: string } }) => r.query.order, { redis })] } } });
+      for (let i = 0; i < 4; i++) {
+        const order = `${uniquePrefix('quick')}-${i}`;
+        // The other process answers, then stays busy for 100 ms: a release left for later would go out after that.
+        expect((await get(`${child.url}/quick?order=${order}&ms=100`)).status).toBe(200);
+        const next = await get(`${lockApp.url}/buy?order=${order}`);
+        expect(next.status).toBe(200);
+      }
+    } finally {
+      await child.stop();
+    }
   });
 
   it('shares one budget and one lock between two app processes on one Redis', async () => {

@@ -1,5 +1,5 @@
 // Starts a shop: PORT (default 3000, 0 = any free port), REDIS_URL / REDIS_NODES, PAYMENT_MS; stops on SIGINT/SIGTERM.
-import { createServer, type RequestListener } from 'node:http';
+import { createServer, type RequestListener, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { storesFromEnv, type Stores } from './stores.js';
 
@@ -35,16 +35,39 @@ export function serveShop(name: string, createHandler: (stores: Stores, options:
   });
 
   let stopping = false;
+  // Responses not sent yet: once stopping, each goes out with `Connection: close`, so that a keep-alive connection
+  // ends with its last response instead of idling for keepAliveTimeout after server.close().
+  const running = new Set<ServerResponse>();
+  let drained: (() => void) | undefined;
+  server.on('request', (_req, res: ServerResponse) => {
+    if (stopping) res.setHeader('connection', 'close');
+    running.add(res);
+    res.on('close', () => {
+      running.delete(res);
+      if (running.size === 0) drained?.();
+    });
+  });
+  let closing: Promise<void> | undefined;
+  // Redis is closed once every response has closed, and a turn later: a response's other 'close' listeners (withLock's,
+  // which releases its lock) run after this one, and the release must be sent before QUIT.
+  const closeStores = (): Promise<void> =>
+    (closing ??= new Promise<void>((resolve) => (running.size === 0 ? resolve() : (drained = resolve)))
+      .then(() => new Promise((resolve) => setImmediate(resolve)))
+      .then(() => stores.close()));
   function stop(signal: string): void {
     if (stopping) return;
     stopping = true;
     console.log(`${signal}: stopping`);
-    server.close(() => void stores.close());
+    for (const res of running) if (!res.headersSent) res.setHeader('connection', 'close');
+    // Redis is closed last, once every request is answered: the locks they hold are released on the way.
+    server.close(() => void closeStores());
     server.closeIdleConnections();
     // Requests still running (a slow payment) get a few seconds to finish; without them the process ends by itself.
     setTimeout(() => {
-      console.error('requests still running after 5 s: exiting anyway');
-      process.exit(1);
+      console.error('requests still running after 5 s: closing their connections');
+      // A response closed unended frees its lock at once (withLock), and the release goes out before Redis closes.
+      server.closeAllConnections();
+      void closeStores().finally(() => process.exit(1));
     }, 5_000).unref();
   }
   process.on('SIGINT', () => stop('SIGINT'));

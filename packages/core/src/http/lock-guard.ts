@@ -124,11 +124,13 @@ class Held implements HeldLock {
   release(): void {
     if (this.done) return;
     this.done = true;
-    // Send the release now, synchronously, rather than a few promise turns later from `using`'s finally: its command
-    // is then written to Redis before the response that tells the client the handler is done, so a request the client
-    // sends next through another process cannot overtake it. `using` awaits this same release (it is idempotent) and
-    // reports its failure.
-    this.lease.release().catch(ignore);
+    // Send the release now, synchronously, rather than a few promise turns later from `using`'s finally, and written
+    // out at once rather than merged with the turn's other calls: its command then reaches Redis before the response
+    // that tells the client the handler is done, so a request the client sends next through another process cannot
+    // overtake it (it got a 423 with the whole ttl as Retry-After). `using` awaits this same release (it is idempotent)
+    // and reports its failure. (A Locker of the user's own may hand out leases without releaseNow.)
+    const lease = this.lease as Lease & { releaseNow?: () => Promise<boolean> };
+    (typeof lease.releaseNow === 'function' ? lease.releaseNow() : lease.release()).catch(ignore);
     this.finish();
   }
 }

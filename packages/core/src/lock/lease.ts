@@ -108,6 +108,16 @@ export class LeaseImpl implements Lease {
   }
 
   /**
+   * {@link release}, sent to the store now rather than merged with the calls made later in this callback: for a release
+   * that must reach Redis before what the caller writes next elsewhere (withLock's, before the response).
+   */
+  releaseNow(): Promise<boolean> {
+    const released = this.release();
+    this.store.flush?.();
+    return released;
+  }
+
+  /**
    * Sends a release that could not reach the store again, 100 ms later and then backing off to once a second, until it
    * gets through or the lease would have run out anyway. Its holder is done: left to its ttl, a network blip at the
    * moment of release would keep the key refused to everyone for up to the whole ttl (30 s by default), though Redis

@@ -2,7 +2,8 @@
 import { LockUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
-import { unexpectedReply } from '../redis/script.js';
+import { writeNow } from '../redis/auto-pipeline.js';
+import { sendPending, unexpectedReply } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
@@ -235,6 +236,11 @@ export class RedisLockStore implements LockStore {
 
   close(): void {
     this.wakeups.close();
+  }
+
+  flush(): void {
+    sendPending(this.client);
+    writeNow(this.client);
   }
 
   /** A release handed the lock to `heir`: give it the lease, or, if it gave up meanwhile, free the lock again. */

@@ -9,6 +9,8 @@
 // reads a stored fence >= F: its own fence is larger. The floor (client clock, µs) only matters once a fence key expired.
 import { LockUnavailableError } from '../errors.js';
 import { bounded, boundedAll, type Outcome } from '../redis/call.js';
+import { writeNow } from '../redis/auto-pipeline.js';
+import { sendPending } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
@@ -229,6 +231,13 @@ export class RedlockStore implements LockStore {
 
   now(): number {
     return monotonicNow();
+  }
+
+  flush(): void {
+    for (const client of this.clients) {
+      sendPending(client);
+      writeNow(client);
+    }
   }
 
   close(): void {

@@ -101,4 +101,9 @@ export interface LockStore {
   now(): number;
   /** Frees connections and timers. */
   close(): void;
+  /**
+   * Optional: sends the calls made so far now, instead of merged with later ones at the end of the callback or turn
+   * (see script.ts), so that they reach Redis before what the process writes next elsewhere.
+   */
+  flush?(): void;
 }

@@ -75,3 +75,13 @@ function uncork(socket: Corkable): void {
   corked.delete(socket);
   socket.uncork();
 }
+
+/**
+ * Writes what `client`'s socket holds now instead of at the end of the turn (it stays corked for the rest of the turn,
+ * so the uncork already queued stays balanced). For a release that must reach Redis before something else this process
+ * sends elsewhere: an HTTP response telling the client the lock is free.
+ */
+export function writeNow(client: object): void {
+  const socket = (client as { stream?: Corkable }).stream;
+  if (socket !== undefined && corked.has(socket)) sendNow(socket, 0);
+}
