@@ -368,6 +368,46 @@ describe('Wakeups through the client’s own life', () => {
     }
   });
 
+  it('subscribes a waiter that starts while the subscriber connection is reconnecting, instead of polling all its wait', async () => {
+    const prefix = uniquePrefix('sub-reconnecting');
+    const client = node.client();
+    const locks = new RedisLock(client, { prefix });
+    const holder = new RedisLock(node.client(), { prefix });
+    try {
+      // A subscriber connection exists (a first waiter came and went)...
+      let lease = await holder.acquire('first');
+      const first = locks.acquire('first', { wait: 10_000 });
+      await until(listening(lockNames(prefix, 'first').channel), 3_000, 'the first waiter to listen');
+      await lease.release();
+      await (await within(first, 3_000, 'the first waiter')).release();
+      // ...and Redis drops it; it reconnects by itself, and a waiter starts meanwhile.
+      lease = await holder.acquire('k');
+      const sub = (locks as unknown as { store: { wakeups: { wakeups: { subscriber: Redis } } } }).store.wakeups.wakeups.subscriber;
+      const reconnecting = next(sub, 'reconnecting');
+      await admin.call('CLIENT', 'KILL', 'TYPE', 'pubsub');
+      await reconnecting;
+      const store = (locks as unknown as { store: { attempt: (...args: unknown[]) => Promise<unknown> } }).store;
+      const attempt = store.attempt.bind(store);
+      let attempts = 0;
+      store.attempt = (...args) => {
+        attempts++;
+        return attempt(...args);
+      };
+      const waiting = locks.acquire('k', { wait: 10_000 });
+      waiting.catch(() => undefined);
+      await until(listening(lockNames(prefix, 'k').channel), 3_000, 'the subscriber to be back');
+      // Held 1 s more: a subscribed waiter sleeps until the release (or its 1 s poll); one whose subscription failed
+      // polls every 50 ms, some twenty attempts.
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+      await lease.release();
+      await (await within(waiting, 3_000, 'the waiter')).release();
+      expect(attempts).toBeLessThanOrEqual(10);
+    } finally {
+      locks.close();
+      holder.close();
+    }
+  });
+
   it.each(['quit', 'disconnect'] as const)(
     'closes when the client is %s-ed while only its own connection is down (the subscriber fine, ioredis emits no end)',
     async (how) => {

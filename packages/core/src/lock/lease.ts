@@ -173,7 +173,13 @@ export class LeaseImpl implements Lease {
 
   /** The store recorded the hand-over this lease began with: it now holds until `expiresAt` (see Grant.confirmation). */
   confirm(expiresAt: number): void {
-    if (this.ended || expiresAt <= this.expiry) return;
+    if (this.ended) {
+      // Lost (its time ran out while Redis was slow to record the hand-over) and its holder told so: the lock Redis
+      // has just put under its token serves nobody, so hand it back rather than leave the key held for its ttl.
+      if (!this.released && this.releasing === undefined) this.release().catch(() => undefined);
+      return;
+    }
+    if (expiresAt <= this.expiry) return;
     this.expiry = expiresAt;
     this.armExpiry();
   }

@@ -178,7 +178,6 @@ export class RedlockStore implements LockStore {
     // Only a lease that kept a place in line sends the line's names; otherwise a node that freed the lock with waiters
     // refused meanwhile answers 2, and gets a WAKE (see RELEASE).
     const name = shared ? undefined : this.queued.get(token);
-    if (!shared) this.queued.delete(token);
     const keys = name === undefined ? [n.lock] : [n.lock, n.queue, n.deadlines];
     const args = name === undefined ? [token] : [token, '', 0, '', name];
     const outcomes = await boundedAll(
@@ -201,6 +200,9 @@ export class RedlockStore implements LockStore {
     // return 0 then). Nodes still unheard are no failure: the round settled without them because the answers already
     // tell (enough nodes no longer held the lock).
     if (failedCount(outcomes) > this.clients.length - q) throw this.unavailable('release', outcomes);
+    // Out of the line only now: a release sent again after a failure (LeaseImpl.retryRelease) must still take the lease's
+    // name out of the line, or the nodes would wake that name, and refuse everyone else, until its heartbeat ran out.
+    if (!shared) this.queued.delete(token);
     // Held, as far as anyone can tell: freed somewhere, and no quorum of nodes answered that it no longer held it
     // (nodes that are down may still hold it, as they did when it was acquired).
     const freed = count(outcomes, (v) => v >= 1);

@@ -5,7 +5,7 @@
 // good when the user's client ends, so it never keeps a process alive on its own.
 import type { Redis, RedisOptions } from 'ioredis';
 import type { RedisClient } from '../types.js';
-import { bounded } from './call.js';
+import { RedisCallError } from './call.js';
 import { onNext } from './events.js';
 
 type Listener = (message: string) => void;
@@ -75,10 +75,7 @@ export class Wakeups {
     const state = ch;
     // SUBSCRIBE only once the connection is ready: sent during ioredis's handshake, it puts the connection into
     // subscriber mode before the ready check's INFO, which then throws from inside ioredis's event handler.
-    state.ready ??= bounded(sub, timeout, async () => {
-      await whenReady(sub);
-      return sub.subscribe(channel);
-    });
+    state.ready ??= subscribeWithin(sub, channel, timeout);
     const ready = state.ready;
     try {
       await ready;
@@ -224,10 +221,7 @@ export class Wakeups {
     const sub = this.connection();
     for (const [name, ch] of this.channels) {
       if (ch.ready !== undefined) continue;
-      const ready = bounded(sub, this.timeout, async () => {
-        await whenReady(sub);
-        return sub.subscribe(name);
-      });
+      const ready = subscribeWithin(sub, name, this.timeout);
       ch.ready = ready;
       // A release published while it was not subscribed was not heard: its waiters look now ('' = anyone may try).
       const wake = () => {
@@ -292,6 +286,30 @@ export class Wakeups {
     }, IDLE_CLOSE_MS);
     this.idleTimer.unref();
   }
+}
+
+/**
+ * SUBSCRIBEs `channel` once the subscriber connection is ready, failing after `timeout` ms. Not through bounded(), which
+ * fails at once while a connection reconnects: ours reconnects by itself within moments (Redis dropped it, say), and a
+ * waiter whose subscription failed does not ask again, but polls every 50 ms for the rest of its wait.
+ */
+function subscribeWithin(sub: RedisClient, channel: string, timeout: number): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new RedisCallError(`Redis did not confirm the subscription within ${timeout} ms`)), timeout);
+    timer.unref();
+    whenReady(sub)
+      .then(() => sub.subscribe(channel))
+      .then(
+        (reply) => {
+          clearTimeout(timer);
+          resolve(reply);
+        },
+        (error: unknown) => {
+          clearTimeout(timer);
+          reject(error);
+        },
+      );
+  });
 }
 
 /** Whether the user closed `client` (quit() or disconnect(), done or under way): nothing may reconnect for it then. */
