@@ -175,6 +175,38 @@ describe('RedisLock when Redis fails', () => {
     expect(await inner.release()).toBe(true);
   });
 
+  it('does not release again, when a late hand-over confirms an heir whose own release was sent, a hold another process re-entered', async () => {
+    const prefix = uniquePrefix('late-confirm');
+    const { proxy, client, close } = await proxied(prefix);
+    const locks = new RedisLock(client, { prefix, timeout: 300 });
+    lockers.push(locks);
+    try {
+      const releasing = await locks.acquire('k', { ttl: 10_000 });
+      const waiting = locks.acquire('k', { owner: 'x', ttl: 10_000, wait: 5_000 });
+      await until(async () => (await node.client().zcard(lockNames(prefix, 'k').queue)) === 1, 3_000, 'the heir to queue');
+      // The release hands the lock to the heir in this process at once; Redis records it (TRANSFER), and its reply waits.
+      const pass = proxy.holdReplies();
+      void releasing.release().catch(() => undefined);
+      const heir = await within(waiting, 3_000, 'the heir');
+      // Another process re-enters under the same owner: two holds of the heir's token.
+      const other = locker({ prefix }).locks;
+      const reentered = await other.acquire('k', { owner: 'x', ttl: 10_000 });
+      expect(reentered.token).toBe(heir.token);
+      // The heir's release is sent, runs (one hold left, the other process's), and times out here.
+      expectUnavailable(await within(rejection(heir.release()), 3_000, "the heir's release"));
+      pass();
+      // Twice: the first reply comes after TRANSFER's, the second after anything that reply set off.
+      expect(await client.ping()).toBe('PONG');
+      expect(await client.ping()).toBe('PONG');
+      // The late TRANSFER reply confirms the heir, whose lease has ended: its hold is not dropped a second time.
+      expect(await locker({ prefix }).locks.tryAcquire('k')).toBeNull();
+      expect(reentered.signal.aborted).toBe(false);
+      expect(await reentered.release()).toBe(true);
+    } finally {
+      await close();
+    }
+  });
+
   it('hands back an acquire that ioredis failed on its own (commandTimeout) though Redis ran it: no key held by nobody', async () => {
     const redis = node.client({ commandTimeout: 100 });
     clients.push(redis);

@@ -408,6 +408,33 @@ describe('Wakeups through the client’s own life', () => {
     }
   });
 
+  it('sends no SUBSCRIBE for subscriptions given up while its connection could not get ready', async () => {
+    const own = await startRedis();
+    const admin2 = own.client();
+    const client = own.client();
+    await Promise.all([admin2.ping(), client.ping()]);
+    // Redis at maxclients: the subscriber connection is refused, and keeps trying.
+    const info = String(await admin2.info('clients'));
+    await admin2.config('SET', 'maxclients', /connected_clients:(\d+)/.exec(info)![1]!);
+    const wakeups = new Wakeups(client, 20);
+    try {
+      for (let i = 0; i < 50; i++) await wakeups.listen(`wake:refused-${i}`, () => undefined).catch(() => undefined);
+      const sub = (wakeups as unknown as { subscriber: Redis }).subscriber;
+      const back = next(sub, 'ready');
+      await admin2.config('SET', 'maxclients', '10000');
+      await back;
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(await admin2.pubsub('NUMSUB', 'wake:refused-0')).toEqual(['wake:refused-0', 0]);
+      const stats = String(await admin2.info('commandstats'));
+      expect(/cmdstat_subscribe:calls=(\d+)/.exec(stats)?.[1] ?? '0').toBe('0');
+    } finally {
+      wakeups.close();
+      client.disconnect();
+      admin2.disconnect();
+      await own.stop();
+    }
+  });
+
   it.each(['quit', 'disconnect'] as const)(
     'closes when the client is %s-ed while only its own connection is down (the subscriber fine, ioredis emits no end)',
     async (how) => {

@@ -24,6 +24,11 @@ export interface Proxy {
    * function is called, which passes it all on, in order, and lets later commands through again.
    */
   holdCommands(): () => void;
+  /**
+   * Holds back what the server sends from now on, as a slow network would: clients see none of it until the returned
+   * function is called, which passes it all on, in order, and lets later replies through again.
+   */
+  holdReplies(): () => void;
   /** Closes the listener and every connection. */
   close(): Promise<void>;
 }
@@ -35,6 +40,7 @@ export async function startProxy(target: number): Promise<Proxy> {
   const watchers = new Set<{ pattern: RegExp; seen: () => void }>();
   let cutOn: string | undefined;
   let held: (() => void)[] | undefined;
+  let heldReplies: (() => void)[] | undefined;
   const server = net.createServer((client) => {
     const upstream = net.connect({ host: '127.0.0.1', port: target });
     let deaf = false;
@@ -65,7 +71,9 @@ export async function startProxy(target: number): Promise<Proxy> {
       else upstream.write(chunk);
     });
     upstream.on('data', (chunk: Buffer) => {
-      if (!deaf) client.write(chunk);
+      if (deaf) return;
+      if (heldReplies !== undefined) heldReplies.push(() => client.write(chunk));
+      else client.write(chunk);
     });
   });
   await new Promise<void>((resolve) => server.listen({ host: '127.0.0.1', port: 0 }, resolve));
@@ -88,6 +96,14 @@ export async function startProxy(target: number): Promise<Proxy> {
       held = queue;
       return () => {
         if (held === queue) held = undefined;
+        for (const write of queue) write();
+      };
+    },
+    holdReplies() {
+      const queue: (() => void)[] = [];
+      heldReplies = queue;
+      return () => {
+        if (heldReplies === queue) heldReplies = undefined;
         for (const write of queue) write();
       };
     },

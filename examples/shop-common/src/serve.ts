@@ -65,9 +65,11 @@ export function serveShop(name: string, createHandler: (stores: Stores, options:
     // Requests still running (a slow payment) get a few seconds to finish; without them the process ends by itself.
     setTimeout(() => {
       console.error('requests still running after 5 s: closing their connections');
-      // A response closed unended frees its lock at once (withLock), and the release goes out before Redis closes.
+      // On Express a response closed unended frees its lock at once, and the release goes out before Redis closes (a
+      // Koa handler still running keeps its lock until its ttl). A Redis that does not answer gets a second, no more.
       server.closeAllConnections();
-      void closeStores().finally(() => process.exit(1));
+      const gaveUp = new Promise((resolve) => setTimeout(resolve, 1_000).unref());
+      void Promise.race([closeStores(), gaveUp]).finally(() => process.exit(1));
     }, 5_000).unref();
   }
   process.on('SIGINT', () => stop('SIGINT'));

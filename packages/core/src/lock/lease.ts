@@ -34,6 +34,8 @@ export class LeaseImpl implements Lease {
   private extendTimer: NodeJS.Timeout | undefined;
   private releasing: Promise<boolean> | undefined;
   private released = false;
+  // Whether release() was ever called: a release that failed after it was sent may still run in Redis.
+  private releaseCalled = false;
   private retryTimer: NodeJS.Timeout | undefined;
   private retryDelay = 0;
 
@@ -80,6 +82,7 @@ export class LeaseImpl implements Lease {
   release(): Promise<boolean> {
     if (this.released) return Promise.resolve(false);
     if (this.releasing) return this.releasing;
+    this.releaseCalled = true;
     this.stopTimers();
     // Only a lease that still holds may let a waiter in before the store has recorded it (see LockStore.release).
     const live = !this.ended && this.owner === '';
@@ -176,7 +179,7 @@ export class LeaseImpl implements Lease {
     if (this.ended) {
       // Lost (its time ran out while Redis was slow to record the hand-over) and its holder told so: the lock Redis
       // has just put under its token serves nobody, so hand it back rather than leave the key held for its ttl.
-      if (!this.released && this.releasing === undefined) this.release().catch(() => undefined);
+      if (!this.releaseCalled) this.release().catch(() => undefined);
       return;
     }
     if (expiresAt <= this.expiry) return;

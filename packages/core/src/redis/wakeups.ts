@@ -295,20 +295,17 @@ export class Wakeups {
  */
 function subscribeWithin(sub: RedisClient, channel: string, timeout: number): Promise<unknown> {
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new RedisCallError(`Redis did not confirm the subscription within ${timeout} ms`)), timeout);
+    const send = (): void => {
+      clearTimeout(timer);
+      sub.subscribe(channel).then(resolve, reject);
+    };
+    // Given up: no SUBSCRIBE once the connection is back (its channel may be gone by then), and nothing kept meanwhile.
+    const timer = setTimeout(() => {
+      stopWaiting();
+      reject(new RedisCallError(`Redis did not confirm the subscription within ${timeout} ms`));
+    }, timeout);
     timer.unref();
-    whenReady(sub)
-      .then(() => sub.subscribe(channel))
-      .then(
-        (reply) => {
-          clearTimeout(timer);
-          resolve(reply);
-        },
-        (error: unknown) => {
-          clearTimeout(timer);
-          reject(error);
-        },
-      );
+    const stopWaiting = onReady(sub, send);
   });
 }
 
@@ -396,23 +393,29 @@ export class WakeupShare {
   }
 }
 
-// The wait for each subscriber connection's next 'ready', shared by every channel asked for meanwhile: one listener
-// per connection, not one per channel, which would pile up (and trip Node's MaxListenersExceededWarning) while a
-// connection that is down keeps timing subscriptions out.
-const readyWaits = new WeakMap<RedisClient, Promise<void>>();
+// The callbacks waiting for each subscriber connection's next 'ready', called by one listener per connection, not one
+// per channel, which would pile up (and trip Node's MaxListenersExceededWarning) while a connection that is down keeps
+// timing subscriptions out. A callback that gave up is taken out, so the waits of a connection that stays down do not
+// accumulate.
+const readyWaits = new WeakMap<RedisClient, Set<() => void>>();
 
-/** Resolves once `client` is ready for commands; never rejects (the caller's bound decides how long to wait). */
-function whenReady(client: RedisClient): Promise<void> {
-  if (client.status === 'ready') return Promise.resolve();
-  let wait = readyWaits.get(client);
-  if (wait === undefined) {
-    wait = new Promise((resolve) =>
-      client.once('ready', () => {
-        readyWaits.delete(client);
-        resolve();
-      }),
-    );
-    readyWaits.set(client, wait);
+/** Calls `callback` once `client` is ready for commands (now, if it is); returns how to stop waiting. */
+function onReady(client: RedisClient, callback: () => void): () => void {
+  if (client.status === 'ready') {
+    callback();
+    return () => undefined;
   }
-  return wait;
+  let waiting = readyWaits.get(client);
+  if (waiting === undefined) {
+    const callbacks = new Set<() => void>();
+    waiting = callbacks;
+    readyWaits.set(client, callbacks);
+    client.once('ready', () => {
+      readyWaits.delete(client);
+      for (const f of callbacks) f();
+    });
+  }
+  waiting.add(callback);
+  const set = waiting;
+  return () => set.delete(callback);
 }
