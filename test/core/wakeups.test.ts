@@ -8,7 +8,7 @@ import { Wakeups } from '../../packages/core/src/redis/wakeups.js';
 import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { uniquePrefix, until, within } from './helpers.js';
+import { rejection, uniquePrefix, until, within } from './helpers.js';
 
 let node: RedisNode;
 let admin: Redis;
@@ -432,6 +432,32 @@ describe('Wakeups through the client’s own life', () => {
       wakeups.close();
       client.disconnect();
       admin2.disconnect();
+      await own.stop();
+    }
+  });
+
+  it('gives up a SUBSCRIBE that a ready connection never answers within its timeout, and keeps no listener', async () => {
+    const own = await startRedis();
+    const proxy = await startProxy(own.port);
+    const client = new Redis({ host: '127.0.0.1', port: proxy.port });
+    client.on('error', () => undefined);
+    await client.ping();
+    const wakeups = new Wakeups(client, 200);
+    try {
+      (await within(wakeups.listen('wake:warm', () => undefined), 3_000, 'the first subscription'))();
+      // The connection is ready, and its replies stop (a half-open socket, a paused Redis).
+      const pass = proxy.holdReplies();
+      const listens = Array.from({ length: 5 }, () => rejection(wakeups.listen('wake:frozen', () => undefined)));
+      for (const error of await within(Promise.all(listens), 2_000, 'the subscriptions to give up')) {
+        expect(String((error as Error).message)).toMatch(/within 200 ms/);
+      }
+      const channel = (wakeups as unknown as { channels: Map<string, { listeners: Set<unknown> }> }).channels.get('wake:frozen');
+      expect(channel?.listeners.size ?? 0).toBe(0);
+      pass();
+    } finally {
+      wakeups.close();
+      client.disconnect();
+      await proxy.close();
       await own.stop();
     }
   });

@@ -34,8 +34,8 @@ export class LeaseImpl implements Lease {
   private extendTimer: NodeJS.Timeout | undefined;
   private releasing: Promise<boolean> | undefined;
   private released = false;
-  // Whether release() was ever called: a release that failed after it was sent may still run in Redis.
-  private releaseCalled = false;
+  // Whether a release may have reached the store: one that failed after it was sent may still run in Redis.
+  private releaseSent = false;
   private retryTimer: NodeJS.Timeout | undefined;
   private retryDelay = 0;
 
@@ -82,7 +82,7 @@ export class LeaseImpl implements Lease {
   release(): Promise<boolean> {
     if (this.released) return Promise.resolve(false);
     if (this.releasing) return this.releasing;
-    this.releaseCalled = true;
+    this.releaseSent = true;
     this.stopTimers();
     // Only a lease that still holds may let a waiter in before the store has recorded it (see LockStore.release).
     const live = !this.ended && this.owner === '';
@@ -104,6 +104,7 @@ export class LeaseImpl implements Lease {
         // A failed release may be retried by calling release() again; hasp also does so itself, see retryRelease.
         if (this.releasing !== p) return;
         this.releasing = undefined;
+        if (error instanceof LockUnavailableError && neverSent(error)) this.releaseSent = false;
         if (error instanceof LockUnavailableError && (this.owner === '' || neverSent(error))) this.retryRelease();
       },
     );
@@ -178,8 +179,10 @@ export class LeaseImpl implements Lease {
   confirm(expiresAt: number): void {
     if (this.ended) {
       // Lost (its time ran out while Redis was slow to record the hand-over) and its holder told so: the lock Redis
-      // has just put under its token serves nobody, so hand it back rather than leave the key held for its ttl.
-      if (!this.releaseCalled) this.release().catch(() => undefined);
+      // has just put under its token serves nobody, so hand it back rather than leave the key held for its ttl. Not
+      // when a release of its own may have reached Redis: that dropped its hold already, and another would drop a hold
+      // that another lease under the same owner re-entered.
+      if (!this.releaseSent) this.release().catch(() => undefined);
       return;
     }
     if (expiresAt <= this.expiry) return;

@@ -295,9 +295,19 @@ export class Wakeups {
  */
 function subscribeWithin(sub: RedisClient, channel: string, timeout: number): Promise<unknown> {
   return new Promise((resolve, reject) => {
+    // The bound covers the reply too: a connection that is ready but does not answer (a paused Redis, a half-open
+    // socket) must not keep the channel's subscription, and every waiter's listener, pending for good.
     const send = (): void => {
-      clearTimeout(timer);
-      sub.subscribe(channel).then(resolve, reject);
+      sub.subscribe(channel).then(
+        (reply) => {
+          clearTimeout(timer);
+          resolve(reply);
+        },
+        (error: unknown) => {
+          clearTimeout(timer);
+          reject(error);
+        },
+      );
     };
     // Given up: no SUBSCRIBE once the connection is back (its channel may be gone by then), and nothing kept meanwhile.
     const timer = setTimeout(() => {
