@@ -612,8 +612,9 @@ describe('Redlock reentrancy with faults', () => {
       expect(await within(waiting, 1_000, 'the aborted acquire')).toMatchObject({ message: 'gave up' });
       // The acquire's leave takes it out of the line on nodes 0 and 1 (nodes 2-4 get it later); then the abandoned
       // attempt's next round, refused there too, puts it back.
-      await until(async () => (await placed(name, [0, 1])).every((p) => !p), 2_000, 'the leave on nodes 0 and 1');
-      await until(async () => (await placed(name, [0, 1])).every((p) => p), 2_000, 'a refused round after the leave on nodes 0 and 1');
+      // (Bounds with slack for a loaded machine: rounds are 300-600 ms apart.)
+      await until(async () => (await placed(name, [0, 1])).every((p) => !p), 5_000, 'the leave on nodes 0 and 1');
+      await until(async () => (await placed(name, [0, 1])).every((p) => p), 5_000, 'a refused round after the leave on nodes 0 and 1');
 
       // P goes; `first` takes the lock for O on every node, so the waiter's rounds re-enter it from now on.
       expect(await held.release()).toBe(true);
@@ -621,7 +622,7 @@ describe('Redlock reentrancy with faults', () => {
       await onEveryNode(prefix, 'k', "O's lock on every node");
       // Nodes 2-4 let the held commands through once a round started after that (so no round in flight was refused on
       // nodes 0 and 1): that round, or the next one, re-enters O's lock on all five nodes.
-      await within(proxies[0]!.sent('evalsha'), 2_000, 'a round that re-enters');
+      await within(proxies[0]!.sent('evalsha'), 5_000, 'a round that re-enters');
       for (const d of deliver.slice(2)) d();
       const late = await within(latest!, 3_000, 'the abandoned attempt');
       expect(late).toMatchObject({ ok: true, nested: true, token: outer.token });
