@@ -104,8 +104,10 @@ export class LeaseImpl implements Lease {
         // A failed release may be retried by calling release() again; hasp also does so itself, see retryRelease.
         if (this.releasing !== p) return;
         this.releasing = undefined;
-        if (error instanceof LockUnavailableError && neverSent(error)) this.releaseSent = false;
-        if (error instanceof LockUnavailableError && (this.owner === '' || neverSent(error))) this.retryRelease();
+        if (!(error instanceof LockUnavailableError)) return;
+        const unsent = neverSent(error);
+        if (unsent) this.releaseSent = false;
+        if (this.owner === '' || unsent) this.retryRelease();
       },
     );
     return p;
