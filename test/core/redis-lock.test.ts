@@ -207,6 +207,35 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('sends no retry of its own after an owner lease’s release was sent again and timed out: a re-entered hold stays', async () => {
+    const prefix = uniquePrefix('owner-retry');
+    // The client waits 400 ms between reconnect attempts: the unsent release's retry is due meanwhile.
+    const { proxy, client, close } = await proxied(prefix, { retryStrategy: () => 400 });
+    const locks = new RedisLock(client, { prefix, timeout: 100 });
+    lockers.push(locks);
+    try {
+      const lease = await locks.acquire('k', { owner: 'o', ttl: 20_000 });
+      const reentered = await locker({ prefix }).locks.acquire('k', { owner: 'o', ttl: 20_000 });
+      expect(reentered.token).toBe(lease.token);
+      proxy.cut();
+      await once(client, 'close');
+      // Unsent: hasp will send it again.
+      expectUnavailable(await rejection(lease.release()));
+      await once(client, 'ready');
+      // The holder sends it again itself: it goes out, runs, and its reply is late.
+      const pass = proxy.holdReplies();
+      expectUnavailable(await within(rejection(lease.release()), 3_000, 'the second release'));
+      expect((lease as unknown as { retryTimer?: unknown }).retryTimer).toBeUndefined();
+      pass();
+      expect(await client.ping()).toBe('PONG');
+      expect(await locker({ prefix }).locks.tryAcquire('k')).toBeNull();
+      expect(reentered.signal.aborted).toBe(false);
+      expect(await reentered.release()).toBe(true);
+    } finally {
+      await close();
+    }
+  });
+
   it('hands back an acquire that ioredis failed on its own (commandTimeout) though Redis ran it: no key held by nobody', async () => {
     const redis = node.client({ commandTimeout: 100 });
     clients.push(redis);

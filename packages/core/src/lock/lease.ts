@@ -108,6 +108,8 @@ export class LeaseImpl implements Lease {
         const unsent = neverSent(error);
         if (unsent) this.releaseSent = false;
         if (this.owner === '' || unsent) this.retryRelease();
+        // Sent this time, so it may run: a retry still pending from an earlier, unsent failure must not add another.
+        else this.stopRetrying();
       },
     );
     return p;
@@ -139,7 +141,7 @@ export class LeaseImpl implements Lease {
     this.retryDelay = Math.min(this.retryDelay * 2 || 100, 1_000);
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;
-      if (this.store.now() < this.expiry) this.release().catch(() => undefined);
+      if (this.store.now() < this.expiry && (this.owner === '' || !this.releaseSent)) this.release().catch(() => undefined);
     }, Math.min(this.retryDelay, left));
     this.retryTimer.unref();
   }
