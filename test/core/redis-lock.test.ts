@@ -7,6 +7,7 @@ import {
   LockLostError,
   LockUnavailableError,
   RedisLock,
+  type Lease,
   type LockErrorEvent,
 } from '../../packages/core/src/index.js';
 import { startProxy, type Proxy } from '../harness/proxy.js';
@@ -54,6 +55,13 @@ describe('RedisLock when Redis fails', () => {
     clients.push(redis);
     lockers.push(locks);
     return { redis, locks };
+  };
+
+  /** `lease` still holds its key 'k': another caller is refused, its signal has not aborted, and its release frees it. */
+  const stillHolds = async (prefix: string, lease: Lease): Promise<void> => {
+    expect(await locker({ prefix }).locks.tryAcquire('k')).toBeNull();
+    expect(lease.signal.aborted).toBe(false);
+    expect(await lease.release()).toBe(true);
   };
 
   /** A RedisLock whose client (and so its wake-up connection, a copy of it) reaches the node through a proxy. */
@@ -170,9 +178,7 @@ describe('RedisLock when Redis fails', () => {
       node.resume();
     }
     expect(await redis.ping()).toBe('PONG');
-    expect(await locker({ prefix }).locks.tryAcquire('k')).toBeNull();
-    expect(inner.signal.aborted).toBe(false);
-    expect(await inner.release()).toBe(true);
+    await stillHolds(prefix, inner);
   });
 
   it('does not release again, when a late hand-over confirms an heir whose own release was sent, a hold another process re-entered', async () => {
@@ -199,9 +205,7 @@ describe('RedisLock when Redis fails', () => {
       expect(await client.ping()).toBe('PONG');
       expect(await client.ping()).toBe('PONG');
       // The late TRANSFER reply confirms the heir, whose lease has ended: its hold is not dropped a second time.
-      expect(await locker({ prefix }).locks.tryAcquire('k')).toBeNull();
-      expect(reentered.signal.aborted).toBe(false);
-      expect(await reentered.release()).toBe(true);
+      await stillHolds(prefix, reentered);
     } finally {
       await close();
     }
@@ -228,9 +232,7 @@ describe('RedisLock when Redis fails', () => {
       expect((lease as unknown as { retryTimer?: unknown }).retryTimer).toBeUndefined();
       pass();
       expect(await client.ping()).toBe('PONG');
-      expect(await locker({ prefix }).locks.tryAcquire('k')).toBeNull();
-      expect(reentered.signal.aborted).toBe(false);
-      expect(await reentered.release()).toBe(true);
+      await stillHolds(prefix, reentered);
     } finally {
       await close();
     }

@@ -39,8 +39,8 @@ export async function startProxy(target: number): Promise<Proxy> {
   let swallow: RegExp | undefined;
   const watchers = new Set<{ pattern: RegExp; seen: () => void }>();
   let cutOn: string | undefined;
-  let held: (() => void)[] | undefined;
-  let heldReplies: (() => void)[] | undefined;
+  const commands = holdable();
+  const replies = holdable();
   const server = net.createServer((client) => {
     const upstream = net.connect({ host: '127.0.0.1', port: target });
     let deaf = false;
@@ -67,13 +67,11 @@ export async function startProxy(target: number): Promise<Proxy> {
         watchers.delete(w);
         w.seen();
       }
-      if (held !== undefined) held.push(() => upstream.write(chunk));
-      else upstream.write(chunk);
+      commands.pass(() => upstream.write(chunk));
     });
     upstream.on('data', (chunk: Buffer) => {
       if (deaf) return;
-      if (heldReplies !== undefined) heldReplies.push(() => client.write(chunk));
-      else client.write(chunk);
+      replies.pass(() => client.write(chunk));
     });
   });
   await new Promise<void>((resolve) => server.listen({ host: '127.0.0.1', port: 0 }, resolve));
@@ -91,25 +89,30 @@ export async function startProxy(target: number): Promise<Proxy> {
     cutWhenSent(text) {
       cutOn = text;
     },
-    holdCommands() {
+    holdCommands: () => commands.hold(),
+    holdReplies: () => replies.hold(),
+    close() {
+      for (const s of sockets) s.destroy();
+      return new Promise((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+/** One direction of the traffic, which can be held back: `pass` writes now or, while held, when the hold ends. */
+function holdable(): { pass(write: () => void): void; hold(): () => void } {
+  let held: (() => void)[] | undefined;
+  return {
+    pass(write) {
+      if (held !== undefined) held.push(write);
+      else write();
+    },
+    hold() {
       const queue: (() => void)[] = [];
       held = queue;
       return () => {
         if (held === queue) held = undefined;
         for (const write of queue) write();
       };
-    },
-    holdReplies() {
-      const queue: (() => void)[] = [];
-      heldReplies = queue;
-      return () => {
-        if (heldReplies === queue) heldReplies = undefined;
-        for (const write of queue) write();
-      };
-    },
-    close() {
-      for (const s of sockets) s.destroy();
-      return new Promise((resolve) => server.close(() => resolve()));
     },
   };
 }

@@ -3,6 +3,7 @@
 import { HaspError, LockLostError, LockUnavailableError } from '../errors.js';
 import { RedisCallError } from '../redis/call.js';
 import type { Lease, LockErrorEvent } from '../types.js';
+import { backoff, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import * as v from '../util/validate.js';
 import type { LockStore } from './store.js';
 
@@ -138,7 +139,7 @@ export class LeaseImpl implements Lease {
     if (this.retryTimer !== undefined) return;
     const left = this.expiry - this.store.now();
     if (left <= 0) return;
-    this.retryDelay = Math.min(this.retryDelay * 2 || 100, 1_000);
+    this.retryDelay = backoff(this.retryDelay, RESEND_FIRST_MS, RESEND_MAX_MS);
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;
       if (this.store.now() < this.expiry && (this.owner === '' || !this.releaseSent)) this.release().catch(() => undefined);

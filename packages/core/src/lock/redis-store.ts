@@ -6,7 +6,7 @@ import { writeNow } from '../redis/auto-pipeline.js';
 import { sendPending, unexpectedReply } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
-import { makeRoom } from '../util/bounded.js';
+import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
 import { ACQUIRE, EXTEND, LEAVE, RELEASE, TRANSFER } from './scripts.lua.js';
 import type { AttemptResult, Grant, LockStore, Releasing } from './store.js';
@@ -159,7 +159,7 @@ export class RedisLockStore implements LockStore {
       },
       () => {
         if (this.unsureTimer !== undefined) return;
-        this.unsureDelay = Math.min(this.unsureDelay * 2 || 100, 1_000);
+        this.unsureDelay = backoff(this.unsureDelay, RESEND_FIRST_MS, RESEND_MAX_MS);
         this.unsureTimer = setTimeout(() => {
           this.unsureTimer = undefined;
           for (const t of [...this.unsure.keys()]) this.sendUnsure(t);

@@ -5,6 +5,7 @@
 // good when the user's client ends, so it never keeps a process alive on its own.
 import type { Redis, RedisOptions } from 'ioredis';
 import type { RedisClient } from '../types.js';
+import { backoff } from '../util/bounded.js';
 import { RedisCallError } from './call.js';
 import { onNext } from './events.js';
 
@@ -208,7 +209,7 @@ export class Wakeups {
     this.subscriber = undefined;
     for (const ch of this.channels.values()) ch.ready = undefined;
     if (this.channels.size === 0 || this.renewTimer !== undefined) return;
-    this.renewDelay = Math.min(this.renewDelay * 2 || RENEW_MIN_MS, RENEW_MAX_MS);
+    this.renewDelay = backoff(this.renewDelay, RENEW_MIN_MS, RENEW_MAX_MS);
     this.renewTimer = setTimeout(() => this.renew(), this.renewDelay);
     this.renewTimer.unref();
   }
