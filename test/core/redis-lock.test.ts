@@ -211,6 +211,32 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('sends again, until the store would let it go, a release that could not be sent when a late hand-over confirmed its ended lease', async () => {
+    const prefix = uniquePrefix('late-confirm-unsent');
+    const { proxy, client, close } = await proxied(prefix);
+    const locks = new RedisLock(client, { prefix, timeout: 300 });
+    lockers.push(locks);
+    const names = lockNames(prefix, 'k');
+    try {
+      const lease = await locks.acquire('k', { ttl: 300 });
+      const record = await node.client().get(names.lock);
+      // Lost by its time, as an heir is whose hand-over Redis recorded too slowly.
+      await within(once(lease.signal, 'abort'), 3_000, 'the lease to be lost');
+      // The late TRANSFER: Redis holds the lock under the lease's token for the heir's ttl.
+      await node.client().set(names.lock, record!, 'PX', 10_000);
+      proxy.cut();
+      await once(client, 'close');
+      // Its holder releases it while the client reconnects (not sent), and the hand-over's confirmation arrives then.
+      const released = rejection(lease.release());
+      (lease as unknown as { confirm(at: number): void }).confirm(lease.expiresAt + 10_000);
+      expectUnavailable(await released);
+      // Sent again once the client is back: the key does not stay held for the 10 s nobody can use.
+      await until(async () => (await node.client().exists(names.lock)) === 0, 5_000, 'the release to be sent again');
+    } finally {
+      await close();
+    }
+  });
+
   it('sends no retry of its own after an owner lease’s release was sent again and timed out: a re-entered hold stays', async () => {
     const prefix = uniquePrefix('owner-retry');
     // The client waits 400 ms between reconnect attempts: the unsent release's retry is due meanwhile.

@@ -39,6 +39,9 @@ export class LeaseImpl implements Lease {
   private releaseSent = false;
   private retryTimer: NodeJS.Timeout | undefined;
   private retryDelay = 0;
+  // Until when (store clock) the store holds the lock for this lease after a hand-over confirmed once it had ended: a
+  // release that could not be sent is worth sending again until then, though the lease itself ran out before.
+  private confirmedUntil = 0;
 
   constructor(
     private readonly store: LockStore,
@@ -137,14 +140,19 @@ export class LeaseImpl implements Lease {
    */
   private retryRelease(): void {
     if (this.retryTimer !== undefined) return;
-    const left = this.expiry - this.store.now();
+    const left = this.heldUntil() - this.store.now();
     if (left <= 0) return;
     this.retryDelay = backoff(this.retryDelay, RESEND_FIRST_MS, RESEND_MAX_MS);
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;
-      if (this.store.now() < this.expiry && (this.owner === '' || !this.releaseSent)) this.release().catch(() => undefined);
+      if (this.store.now() < this.heldUntil() && (this.owner === '' || !this.releaseSent)) this.release().catch(() => undefined);
     }, Math.min(this.retryDelay, left));
     this.retryTimer.unref();
+  }
+
+  /** Until when the store may hold the lock under this lease's token (store clock). */
+  private heldUntil(): number {
+    return Math.max(this.expiry, this.confirmedUntil);
   }
 
   private stopRetrying(): void {
@@ -186,7 +194,9 @@ export class LeaseImpl implements Lease {
       // Lost (its time ran out while Redis was slow to record the hand-over) and its holder told so: the lock Redis
       // has just put under its token serves nobody, so hand it back rather than leave the key held for its ttl. Not
       // when a release of its own may have reached Redis: that dropped its hold already, and another would drop a hold
-      // that another lease under the same owner re-entered.
+      // that another lease under the same owner re-entered. One on its way that fails unsent is sent again until
+      // then (retryRelease).
+      if (expiresAt > this.confirmedUntil) this.confirmedUntil = expiresAt;
       if (!this.releaseSent) this.release().catch(() => undefined);
       return;
     }
