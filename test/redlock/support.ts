@@ -44,13 +44,16 @@ export class Nodes {
     return v === null ? null : Number(v);
   }
 
-  /** The lock on node `i` for `key` (token, fence, holds, waiters flag, owner), or null when the key is free there. */
+  /**
+   * The lock on node `i` for `key` (token, fence, number of holds, waiters flag, owner), or null when the key is free
+   * there. (A lock with an owner stores its holds' ids, a lock without one '1'.)
+   */
   async lockOn(i: number, prefix: string, key: string): Promise<Record<'t' | 'f' | 'n' | 'w' | 'o', string> | null> {
     const v = await this.admins[i]!.get(lockNames(prefix, key).lock);
     if (v === null) return null;
-    const m = /^(\S+) (\d+) (\d+) (\d) ([\s\S]*)$/.exec(v);
+    const m = /^(\S+) (\d+) (1|[\w-]{8}(?:,[\w-]{8})*) (\d) ([\s\S]*)$/.exec(v);
     if (m === null) throw new Error(`unexpected lock value on node ${i}: ${JSON.stringify(v)}`);
-    return { t: m[1]!, f: m[2]!, n: m[3]!, w: m[4]!, o: m[5]! };
+    return { t: m[1]!, f: m[2]!, n: String(m[3]!.split(',').length), w: m[4]!, o: m[5]! };
   }
 
   /** Nodes killed and not restarted yet. */

@@ -1,7 +1,6 @@
 // The one Lease implementation every backend hands out: expiry tracking, extension, idempotent release, and the
 // abort signal that tells the holder its lock is gone.
 import { HaspError, LockLostError, LockUnavailableError } from '../errors.js';
-import { RedisCallError } from '../redis/call.js';
 import type { Lease, LockErrorEvent } from '../types.js';
 import { backoff, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import * as v from '../util/validate.js';
@@ -35,8 +34,6 @@ export class LeaseImpl implements Lease {
   private extendTimer: NodeJS.Timeout | undefined;
   private releasing: Promise<boolean> | undefined;
   private released = false;
-  // Whether a release may have reached the store: one that failed after it was sent may still run in Redis.
-  private releaseSent = false;
   private retryTimer: NodeJS.Timeout | undefined;
   private retryDelay = 0;
   // Until when (store clock) the store holds the lock for this lease after a hand-over confirmed once it had ended: a
@@ -55,6 +52,8 @@ export class LeaseImpl implements Lease {
     readonly owner: string,
     /** How the leases of one locker that share a token (nested leases) keep count of each other. */
     private readonly ties?: LeaseTies,
+    /** The id of its hold of a lock with an owner (Grant.hold), which its release names; '' for none. */
+    readonly hold = '',
   ) {
     this.expiry = expiresAt;
     this.armExpiry();
@@ -86,7 +85,6 @@ export class LeaseImpl implements Lease {
   release(): Promise<boolean> {
     if (this.released) return Promise.resolve(false);
     if (this.releasing) return this.releasing;
-    this.releaseSent = true;
     this.stopTimers();
     // Only a lease that still holds may let a waiter in before the store has recorded it (see LockStore.release).
     const live = !this.ended && this.owner === '';
@@ -97,7 +95,7 @@ export class LeaseImpl implements Lease {
       // its reply, arriving after this lease ended, changes nothing (doExtend), and a lock it put back on a Redlock
       // node is taken off again (RedlockStore.restore).
       const from = live && this.store.now() < this.expiry ? { fence: this.fence, expiresAt: this.expiry } : undefined;
-      const held = await this.store.release(this.key, this.token, from, this.ties?.shared() ?? false);
+      const held = await this.store.release(this.key, this.token, from, this.ties?.shared() ?? false, this.hold);
       this.released = true;
       return held;
     })();
@@ -108,12 +106,7 @@ export class LeaseImpl implements Lease {
         // A failed release may be retried by calling release() again; hasp also does so itself, see retryRelease.
         if (this.releasing !== p) return;
         this.releasing = undefined;
-        if (!(error instanceof LockUnavailableError)) return;
-        const unsent = neverSent(error);
-        if (unsent) this.releaseSent = false;
-        if (this.owner === '' || unsent) this.retryRelease();
-        // Sent this time, so it may run: a retry still pending from an earlier, unsent failure must not add another.
-        else this.stopRetrying();
+        if (error instanceof LockUnavailableError) this.retryRelease();
       },
     );
     return p;
@@ -133,10 +126,10 @@ export class LeaseImpl implements Lease {
    * Sends a release that could not reach the store again, 100 ms later and then backing off to once a second, until it
    * gets through or the lease would have run out anyway. Its holder is done: left to its ttl, a network blip at the
    * moment of release would keep the key refused to everyone for up to the whole ttl (30 s by default), though Redis
-   * was back within a second. Only when sending it again is harmless: without an owner the token is this lease's alone
-   * and the release compares it, so a first one that reached Redis after all makes the next a no-op; with an owner
-   * each release drops one hold of a token other leases may share (nested ones, or another process's under the same
-   * owner), so only a release that was never sent is sent again.
+   * was back within a second. Sending it again is harmless: without an owner the token is this lease's alone and the
+   * release compares it; with one, the release names this lease's own hold (`hold`) among those of the token it shares
+   * with nested leases or another process's under the same owner. Either way a first one that reached Redis after all
+   * makes the next a no-op.
    */
   private retryRelease(): void {
     if (this.retryTimer !== undefined) return;
@@ -145,7 +138,7 @@ export class LeaseImpl implements Lease {
     this.retryDelay = backoff(this.retryDelay, RESEND_FIRST_MS, RESEND_MAX_MS);
     this.retryTimer = setTimeout(() => {
       this.retryTimer = undefined;
-      if (this.store.now() < this.heldUntil() && (this.owner === '' || !this.releaseSent)) this.release().catch(() => undefined);
+      if (this.store.now() < this.heldUntil()) this.release().catch(() => undefined);
     }, Math.min(this.retryDelay, left));
     this.retryTimer.unref();
   }
@@ -192,12 +185,10 @@ export class LeaseImpl implements Lease {
   confirm(expiresAt: number): void {
     if (this.ended) {
       // Lost (its time ran out while Redis was slow to record the hand-over) and its holder told so: the lock Redis
-      // has just put under its token serves nobody, so hand it back rather than leave the key held for its ttl. Not
-      // when a release of its own may have reached Redis: that dropped its hold already, and another would drop a hold
-      // that another lease under the same owner re-entered. One on its way that fails unsent is sent again until
-      // then (retryRelease).
+      // has just put under its token serves nobody, so hand it back rather than leave the key held for its ttl (a
+      // release of its own already on its way is that one; sent again if it fails, until then: retryRelease).
       if (expiresAt > this.confirmedUntil) this.confirmedUntil = expiresAt;
-      if (!this.releaseSent) this.release().catch(() => undefined);
+      this.release().catch(() => undefined);
       return;
     }
     if (expiresAt <= this.expiry) return;
@@ -266,7 +257,3 @@ export class LeaseImpl implements Lease {
   }
 }
 
-/** Whether a store's failure says its command never went out (so it cannot have run). */
-function neverSent(error: LockUnavailableError): boolean {
-  return error.cause instanceof RedisCallError && error.cause.unsent;
-}

@@ -422,7 +422,7 @@ export abstract class BaseLocker implements Locker {
     }
     const token = result.token;
     const ties = o.owner === '' ? undefined : this.tie(token);
-    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties);
+    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties, result.hold);
     // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
     result.confirmation?.then((at) => {
       if (at === null) lease.lose(new LockLostError(key, 'the lock could not be handed over to this lease: the releasing lease had ended'));
@@ -433,7 +433,7 @@ export abstract class BaseLocker implements Locker {
 
   /** Gives back a grant no lease was made for (one hold; a nested grant leaves the lock to the lease it nests in). */
   private handBack(key: string, grant: Grant): void {
-    this.store.release(key, grant.token, undefined, this.liveLeases.has(grant.token)).catch(() => undefined);
+    this.store.release(key, grant.token, undefined, this.liveLeases.has(grant.token), grant.hold).catch(() => undefined);
   }
 
   // Leases of one owner nest under one token (a lease without an owner is always its lock's only hold): counted while

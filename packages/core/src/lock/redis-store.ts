@@ -8,7 +8,7 @@ import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
-import { ACQUIRE, EXTEND, LEAVE, RELEASE, TRANSFER } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, holdId, LEAVE, RELEASE, TRANSFER } from './scripts.lua.js';
 import type { AttemptResult, Grant, LockStore, Releasing } from './store.js';
 
 export { FENCE_RETENTION_MS, QUEUE_HEARTBEAT_MS } from './scripts.lua.js';
@@ -81,7 +81,7 @@ export class RedisLockStore implements LockStore {
   // Tokens a release of this process named as its heir, oldest first (see releaseUnsure).
   private readonly named = new Set<string>();
   // Tokens of acquires that failed after they were sent, with their names and until when to release them.
-  private readonly unsure = new Map<string, { n: LockNames; until: number }>();
+  private readonly unsure = new Map<string, { n: LockNames; until: number; hold: string }>();
   private unsureTimer: NodeJS.Timeout | undefined;
   private unsureDelay = 0;
   // What the first refusal of a waiter reported as ahead of it, until the waiter registers with waitHere.
@@ -102,6 +102,7 @@ export class RedisLockStore implements LockStore {
 
   attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
     const n = lockNames(this.prefix, key);
+    const hold = holdId(token, owner);
     return this.call(
       'acquire',
       () =>
@@ -111,20 +112,23 @@ export class RedisLockStore implements LockStore {
           [token, ttl, ownerName(owner), '', queue ? '1' : '0'],
         ),
       // An acquire that lands after we gave up would hold the key until its ttl: hand it back. A same-owner grant
-      // answers with the holder's token and added a hold to it: releasing that token drops just that hold.
+      // answers with the holder's token and added a hold to it, which its id names: releasing it drops just that hold.
       (late) => {
         const r = parseAttempt(late);
-        if (r.ok) this.releaseScript(n, r.token).catch(() => undefined);
+        if (r.ok) this.releaseScript(n, r.token, undefined, hold).catch(() => undefined);
       },
-      queue
+      queue || hold !== ''
         ? (reply) => {
             const r = parseAttempt(reply);
-            if (!r.ok) this.noteAhead(key, token, r.ahead);
-            else if (r.token !== token) return { ...r, nested: true };
-            return r;
+            if (!r.ok) {
+              this.noteAhead(key, token, r.ahead);
+              return r;
+            }
+            if (r.token !== token) return { ...r, nested: true, hold };
+            return hold === '' ? r : { ...r, hold };
           }
         : parseAttempt,
-      () => this.releaseUnsure(n, token, ttl),
+      () => this.releaseUnsure(n, token, ttl, hold),
     );
   }
 
@@ -134,13 +138,13 @@ export class RedisLockStore implements LockStore {
    * hand it back, so the key would be held by nobody for the whole ttl. Release its token: sent now, the release runs
    * after the acquire on this connection; it is sent again, backing off, until it gets through or the ttl is up. Not
    * when a release of this process named the token as its heir: the lock may be that waiter's lease by now (a waiter
-   * that gave up is freed by handedTo). (A same-owner acquire that re-entered adds a hold to the holder's token, which
-   * cannot be told from here; that hold stays until the ttl.)
+   * that gave up is freed by handedTo). (A same-owner acquire that re-entered added a hold to the holder's token: its
+   * id, `hold`, names it, whatever the token.)
    */
-  private releaseUnsure(n: LockNames, token: string, ttl: number): void {
+  private releaseUnsure(n: LockNames, token: string, ttl: number, hold: string): void {
     if (this.named.has(token)) return;
     makeRoom(this.unsure, LEFT_MAX);
-    this.unsure.set(token, { n, until: this.now() + ttl });
+    this.unsure.set(token, { n, until: this.now() + ttl, hold });
     this.sendUnsure(token);
   }
 
@@ -152,7 +156,7 @@ export class RedisLockStore implements LockStore {
       this.unsure.delete(token);
       return;
     }
-    this.call('release', () => this.releaseScript(u.n, token)).then(
+    this.call('release', () => this.releaseScript(u.n, token, undefined, u.hold)).then(
       () => {
         this.unsure.delete(token);
         this.unsureDelay = 0;
@@ -180,7 +184,7 @@ export class RedisLockStore implements LockStore {
     return left < 0 ? null : left;
   }
 
-  release(key: string, token: string, from?: Releasing): Promise<boolean> {
+  release(key: string, token: string, from?: Releasing, _shared?: boolean, hold = ''): Promise<boolean> {
     const n = lockNames(this.prefix, key);
     const heir = this.local.get(key)?.[0];
     if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered) {
@@ -194,10 +198,13 @@ export class RedisLockStore implements LockStore {
     if (heir !== undefined) {
       const since = this.now();
       handOff = (reply) => {
-        if (Array.isArray(reply)) this.handedTo(key, heir, { ok: true, token: heir.token, fence: Number(reply[1]), ttl: heir.ttl }, since);
+        if (Array.isArray(reply)) {
+          const grant = { ok: true, token: heir.token, fence: Number(reply[1]), ttl: heir.ttl, hold: holdId(heir.token, heir.owner) } as const;
+          this.handedTo(key, heir, grant, since);
+        }
       };
     }
-    return this.call('release', () => this.releaseScript(n, token, heir), handOff, (reply) => {
+    return this.call('release', () => this.releaseScript(n, token, heir, hold), handOff, (reply) => {
       handOff?.(reply);
       return Array.isArray(reply) || Number(reply) !== 0;
     });
@@ -248,7 +255,7 @@ export class RedisLockStore implements LockStore {
     if (this.dropLocal(key, heir)) {
       heir.granted(grant, since);
     } else if (this.gaveUp.delete(heir.token)) {
-      this.release(key, heir.token).catch(() => undefined);
+      this.release(key, heir.token, undefined, false, grant.hold).catch(() => undefined);
     }
   }
 
@@ -299,7 +306,7 @@ export class RedisLockStore implements LockStore {
     const confirmation = new Promise<number | null>((resolve) => (settle = resolve));
     this.dropLocal(key, heir);
     this.noteHeir(heir.token);
-    heir.granted({ ok: true, token: heir.token, fence, ttl: heir.ttl, expiresAt, confirmation }, since);
+    heir.granted({ ok: true, token: heir.token, fence, ttl: heir.ttl, expiresAt, confirmation, hold: holdId(heir.token, heir.owner) }, since);
     const recorded = (reply: unknown): boolean => {
       const r = Number(reply);
       settle(r === 1 ? since + heir.ttl - this.drift(heir.ttl) : null);
@@ -318,14 +325,15 @@ export class RedisLockStore implements LockStore {
   }
 
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
-  private releaseScript(n: LockNames, token: string, heir?: LocalWaiter): Promise<unknown> {
-    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], [token]);
+  private releaseScript(n: LockNames, token: string, heir?: LocalWaiter, hold = ''): Promise<unknown> {
+    if (heir === undefined) {
+      const args = hold === '' ? [token] : [token, '', '', '', '', hold];
+      return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], args);
+    }
     this.noteHeir(heir.token);
-    return RELEASE.run(
-      this.client,
-      [n.lock, n.queue, n.deadlines, n.fence],
-      [token, heir.token, heir.ttl, ownerName(heir.owner)],
-    );
+    const args = [token, heir.token, heir.ttl, ownerName(heir.owner)];
+    if (hold !== '') args.push('', hold);
+    return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args);
   }
 
   // One promise, not an async function or a chain: this runs twice per lock cycle, and every await costs a tick.

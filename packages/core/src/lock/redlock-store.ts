@@ -17,7 +17,7 @@ import { makeRoom } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
-import { ACQUIRE, EXTEND, LEAVE, RAISE_FENCE, RELEASE, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, holdId, LEAVE, RAISE_FENCE, RELEASE, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
 import type { AttemptResult, Held, LockStore } from './store.js';
 
 /** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
@@ -156,14 +156,14 @@ export class RedlockStore implements LockStore {
     }
     if (count(outcomes, (v) => v < 0) > this.clients.length - q) {
       // Lost: the nodes that kept the lock just prolonged it for nobody (with 2q > N + 1 they alone keep everyone out).
-      drop = (i) => void this.releaseOn(this.clients[i]!, n, token, this.s.timeout).catch(() => undefined);
+      drop = (i) => void this.releaseOn(this.clients[i]!, n, token, this.s.timeout, held?.hold).catch(() => undefined);
       for (const [i, o] of outcomes.entries()) if (o?.ok && o.value >= 0) drop(i);
       return null;
     }
     throw this.unavailable('extend', outcomes);
   }
 
-  async release(key: string, token: string, _from?: unknown, shared = false): Promise<boolean> {
+  async release(key: string, token: string, _from?: unknown, shared = false, hold = ''): Promise<boolean> {
     // A nested lease's release drops one hold: the lease it shares the token with still holds, and still needs its late
     // grants kept, its lock put back where a node lost it, and its place in line for its own release.
     if (!shared) {
@@ -179,7 +179,7 @@ export class RedlockStore implements LockStore {
     // refused meanwhile answers 2, and gets a WAKE (see RELEASE).
     const name = shared ? undefined : this.queued.get(token);
     const keys = name === undefined ? [n.lock] : [n.lock, n.queue, n.deadlines];
-    const args = name === undefined ? [token] : [token, '', 0, '', name];
+    const args = name === undefined && hold === '' ? [token] : [token, '', 0, '', name ?? '', hold];
     const outcomes = await boundedAll(
       this.clients,
       this.s.timeout,
@@ -259,6 +259,8 @@ export class RedlockStore implements LockStore {
     const total = this.clients.length;
     const timeout = this.nodeTimeout(ttl);
     const token = randomToken();
+    // The hold this round adds to a lock with an owner: its grants, and only they, are released by this id.
+    const hold = holdId(token, owner);
     const started = monotonicNow();
     // The wall clock in µs (other processes' floors are compared with it), but never a floor this store used before: a
     // node whose stored fence is not below the floor takes a slower path (one more fence write), and the ms clock alone
@@ -321,6 +323,7 @@ export class RedlockStore implements LockStore {
         result = new LockUnavailableError(`lock acquire took ${elapsed} ms, longer than the ttl allows`);
       } else {
         result = { ok: true, token: lockToken, fence, ttl: validity };
+        if (hold !== '') result = { ...result, hold };
         // The same owner's lock, re-entered: granted under its holder's token, not this round's.
         if (lockToken !== token) result = { ...result, nested: true };
       }
@@ -358,7 +361,7 @@ export class RedlockStore implements LockStore {
     const verdict = (c: RedisClient, r: AttemptResult) => {
       if (!r.ok) return;
       if (r.token !== keep || (lease !== undefined && !lease.live)) {
-        this.releaseOn(c, n, r.token, this.s.timeout).catch(() => undefined);
+        this.releaseOn(c, n, r.token, this.s.timeout, hold).catch(() => undefined);
       } else if (r.fence !== fence) {
         // A late node of the lease: give it the agreed fence too, so a nested acquire there reports the same one.
         bounded(c, this.s.timeout, () => RAISE_FENCE.run(c, [n.lock, n.fence], [keep, String(fence)])).catch(
@@ -374,9 +377,9 @@ export class RedlockStore implements LockStore {
     // the caller finds nothing left behind on live nodes; silent nodes are not waited for (strays cover them).
     const undo = this.clients.map((c, i) => {
       const g = grants[i];
-      if (g !== undefined) return g.token === keep ? undefined : this.releaseOn(c, n, g.token, timeout);
+      if (g !== undefined) return g.token === keep ? undefined : this.releaseOn(c, n, g.token, timeout, hold);
       if (outcomes[i]?.ok || token === keep) return undefined;
-      this.releaseOn(c, n, token, timeout).catch(() => undefined);
+      this.releaseOn(c, n, token, timeout, hold).catch(() => undefined);
       return undefined;
     });
     if (keep === undefined) await Promise.allSettled(undo);
@@ -410,9 +413,9 @@ export class RedlockStore implements LockStore {
     if (this.released.has(token) || this.now() >= held.expiresAt) return;
     const c = this.clients[i]!;
     const done = (restored: unknown) => {
-      if (Number(restored) === 1 && this.released.has(token)) this.releaseOn(c, n, token, this.s.timeout).catch(() => undefined);
+      if (Number(restored) === 1 && this.released.has(token)) this.releaseOn(c, n, token, this.s.timeout, held.hold).catch(() => undefined);
     };
-    const args = [token, ttl, String(held.fence), ownerName(held.owner)];
+    const args = [token, ttl, String(held.fence), ownerName(held.owner), held.hold];
     bounded(c, this.s.timeout, () => RESTORE.run(c, [n.lock, n.fence], args), done, done).catch(() => undefined);
   }
 
@@ -436,9 +439,13 @@ export class RedlockStore implements LockStore {
     return count(outcomes, (v) => v === 1) >= this.s.quorum;
   }
 
-  /** Drops one hold of `token` on one node (a round's stray grant, whose waiter keeps its place in line). */
-  private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number): Promise<unknown> {
-    return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], [token]));
+  /**
+   * Drops one hold of `token` on one node (a round's stray grant, whose waiter keeps its place in line): of a lock with
+   * an owner, the hold named `hold`.
+   */
+  private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number, hold = ''): Promise<unknown> {
+    const args = hold === '' ? [token] : [token, '', '', '', '', hold];
+    return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], args));
   }
 
   /** Wakes the first waiter in line on one node where the lock is free (after a RELEASE that answered 2). */

@@ -1,10 +1,23 @@
 // Lua for the Redis lock backends (RedisLock and each Redlock node). A lock is one string at the key stem,
 // "<token> <fence> <holds> <waiters> <owner>" (owner last: it may contain anything), so a free key is taken by a single
 // SET NX PX and freed by GET + DEL; a hash costs two more calls per cycle, and each call inside a script costs about as
-// much as the script call itself. `waiters` is 1 once someone was refused while it was held: only then does a release
+// much as the script call itself. `holds` is '1' for a lock without an owner (its one hold); with an owner, the ids of
+// its holds, comma-separated: each acquire that takes or re-enters it adds its own (the first HOLD_ID_LENGTH characters
+// of the token it was sent with), each release removes its own. A command run twice (ioredis sends again, after a
+// reconnect, what was sent but not answered; a Cluster client, what failed with "Connection is closed") then changes
+// nothing the second time, where a count would gain or lose a hold nobody has: a second holder, or a lock held for its
+// ttl by nobody. `waiters` is 1 once someone was refused while it was held: only then does a release
 // look for somebody to wake. The last fence handed out lives in `stem:f`, which outlives the lock so fences keep
 // growing; waiters queue in `stem:q` and `stem:d`.
 import { Script } from '../redis/script.js';
+
+/** Characters of an acquire's token that name its hold of a lock with an owner (48 bits of a random token). */
+export const HOLD_ID_LENGTH = 8;
+
+/** The id of the hold an acquire sent with `token` adds to a lock with an owner; '' for a lock without one. */
+export function holdId(token: string, owner: string): string {
+  return owner === '' ? '' : token.slice(0, HOLD_ID_LENGTH);
+}
 
 /** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
 export const FENCE_RETENTION_MS = 3_600_000;
@@ -50,6 +63,21 @@ local heartbeat = ${QUEUE_HEARTBEAT_MS}  -- ms a queued waiter stays queued with
 local grace = ${FREE_HEAD_GRACE_MS}  -- ms those ahead keep their places once the lock is free and someone behind asks
 `;
 
+// A new lock's holds: its one hold, named by the id of the acquire that took it when it has an owner (see the top).
+// `without` drops one hold id from a lock's holds: the rest ('' when none is left), or nil when it is not among them.
+const HOLDS = `
+local function firstHold(t, o)
+  if o == '' then return '1' end
+  return string.sub(t, 1, ${HOLD_ID_LENGTH})
+end
+local function without(holds, id)
+  local s = ',' .. holds .. ','
+  local i = string.find(s, ',' .. id .. ',', 1, true)
+  if not i then return nil end
+  return string.sub(string.sub(s, 1, i) .. string.sub(s, i + #id + 2), 2, -2)
+end
+`;
+
 // Fair hand-off: waiters queue in `stem:q` (name → place) with a heartbeat deadline in `stem:d`. A free lock goes to
 // the first live waiter; a waiter that stops re-attempting for `heartbeat` ms drops out. On RedisLock a waiter's name
 // is its token and its place the server's clock at arrival. Redlock waiters bring both (a name that outlives each round's
@@ -57,14 +85,13 @@ local grace = ${FREE_HEAD_GRACE_MS}  -- ms those ahead keep their places once th
 // missing from a node it could not reach) are put right by that waiter's next attempt, which joins where it is missing.
 // Every script declares `local now = nil` (server µs, read once) before including these; the hot paths run before
 // them, since defining them costs time too.
-const FIRST_LIVE = `
+const FIRST_LIVE = `${HOLDS}
 local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local function parse(v)
-  local t, f, n, w, o = string.match(v, '^(%S+) (%d+) (%d+) (%d) (.*)$')
-  return t, f, tonumber(n), w, o
+  return string.match(v, '^(%S+) (%d+) (%S+) (%d) (.*)$')
 end
 local function record(t, f, n, w, o)
   return t .. ' ' .. f .. ' ' .. n .. ' ' .. w .. ' ' .. o
@@ -77,7 +104,7 @@ local function fenced(lockKey, fenceKey, t, o, f, ttl, retention, waiters)
   if tonumber(f) <= last then
     f = string.format('%d', last + 1)
     redis.call('SET', fenceKey, f, 'PX', ttl + retention)
-    redis.call('SET', lockKey, record(t, f, 1, waiters, o), 'XX', 'KEEPTTL')
+    redis.call('SET', lockKey, record(t, f, firstHold(t, o), waiters, o), 'XX', 'KEEPTTL')
   end
   return f
 end
@@ -137,7 +164,10 @@ if queue == '' or redis.call('EXISTS', queueKey) == 0 then
     local t = redis.call('TIME')
     f = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
   end
-  if redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then
+  -- A lock with an owner is named by this acquire's hold (see the top).
+  local holds = '1'
+  if owner ~= '' then holds = string.sub(token, 1, ${HOLD_ID_LENGTH}) end
+  if redis.call('SET', lockKey, token .. ' ' .. f .. ' ' .. holds .. ' 0 ' .. owner, 'NX', 'PX', ttl) then
     -- KEEPTTL costs half of PX, so the fence key's expiry is renewed only when the fence enters a new minute, with a
     -- minute to spare: the key outlives the last lease (of this ttl) by at least retention.
     local last = redis.call('SET', fenceKey, f, 'KEEPTTL', 'GET')
@@ -152,7 +182,7 @@ if queue == '' or redis.call('EXISTS', queueKey) == 0 then
     -- The stored fence is not below ours (a clock step back, or a Redlock floor behind this node): the next one.
     f = string.format('%d', last + 1)
     redis.call('SET', fenceKey, f, 'PX', ttl + retention + renewUs / 1000)
-    redis.call('SET', lockKey, token .. ' ' .. f .. ' 1 0 ' .. owner, 'XX', 'KEEPTTL')
+    redis.call('SET', lockKey, token .. ' ' .. f .. ' ' .. holds .. ' 0 ' .. owner, 'XX', 'KEEPTTL')
     return {1, token, f, ttl}
   end
 end
@@ -194,12 +224,14 @@ end
 local cur = redis.call('GET', lockKey)
 if cur then
   local t, f, n, w, o = parse(cur)
-  -- The same owner nests; our own token means an earlier attempt of ours already landed here (a retry).
+  -- The same owner nests; our own token means an earlier attempt of ours already landed here (a retry). So does our
+  -- own hold among the holds: this very command ran before (sent again after a reconnect), and added it then.
   if (owner ~= '' and o == owner) or t == token then
     local pttl = redis.call('PTTL', lockKey)
     if pttl < ttl then pttl = ttl end
-    if t ~= token then
-      redis.call('SET', lockKey, record(t, f, n + 1, w, o), 'PX', pttl)
+    local hold = firstHold(token, owner)
+    if t ~= token and not without(n, hold) then
+      redis.call('SET', lockKey, record(t, f, n .. ',' .. hold, w, o), 'PX', pttl)
     else
       redis.call('PEXPIRE', lockKey, pttl)
     end
@@ -237,7 +269,7 @@ if head then
   if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
 end
 local f = proposal()
-redis.call('SET', lockKey, record(token, f, 1, waiters, owner), 'PX', ttl)
+redis.call('SET', lockKey, record(token, f, firstHold(token, owner), waiters, owner), 'PX', ttl)
 return granted(f, waiters)
 `, { patient: true, sharedClock: true }); // every caller awaits it (see Script)
 
@@ -258,7 +290,8 @@ return pttl
 `);
 
 /**
- * Drop one hold of `token`; at zero, delete the lock and, if anyone was refused meanwhile, pass it on. With a queue the
+ * Drop one hold of `token` (of a lock with an owner: the hold named `hold`, whichever token it was asked under); at
+ * zero, delete the lock and, if anyone was refused meanwhile, pass it on. With a queue the
  * first live waiter gets it: when that is `heir` (a waiter in the releasing process), the lock is handed to it right
  * here and the reply is {1, fence}, saving the waiter a wake-up and a round trip; otherwise the waiter is woken by
  * name (nobody when none is queued: every waiter queues before it listens). 1 when the token held the lock, else 0;
@@ -274,13 +307,30 @@ local heir = ARGV[2] or ''           -- token of a local waiter to hand the lock
 local heirTtl = tonumber(ARGV[3])    -- its lease time in ms
 local heirOwner = ARGV[4]            -- its reentrancy owner
 local leaving = ARGV[5] or ''        -- Redlock: the holder's name in the line, kept there while it held, or ''
+local hold = ARGV[6] or ''           -- the hold's id, for a lock with an owner, or ''
 local channel = lockKey .. ':w'      -- wake-up channel of this key
 ${CONSTANTS}local now = nil
 
 -- The common case first, before any helper is defined: our only hold, nobody refused meanwhile.
 local cur = redis.call('GET', lockKey)
 local f, n, w
-if cur and string.find(cur, token .. ' ', 1, true) == 1 then f, n, w = string.match(cur, '^(%d+) (%d+) (%d) ', #token + 2) end
+if hold == '' then
+  if cur and string.find(cur, token .. ' ', 1, true) == 1 then f, n, w = string.match(cur, '^(%d+) (%S+) (%d) ', #token + 2) end
+elseif cur then
+  -- By its id: gone already (this release ran before, and was sent again) drops nothing more. ('more': other holds stay.)
+  local t, hf, holds, hw, o = string.match(cur, '^(%S+) (%d+) (%S+) (%d) (.*)$')
+  local rest = holds and string.find(',' .. holds .. ',', ',' .. hold .. ',', 1, true)
+  if rest then
+    local s = ',' .. holds .. ','
+    rest = string.sub(string.sub(s, 1, rest) .. string.sub(s, rest + #hold + 2), 2, -2)
+    if rest == '' then
+      n, w = '1', hw
+    else
+      redis.call('SET', lockKey, t .. ' ' .. hf .. ' ' .. rest .. ' ' .. hw .. ' ' .. o, 'XX', 'KEEPTTL')
+      n = 'more'
+    end
+  end
+end
 if leaving == '' then
   if not n then return 0 end
   if n == '1' then
@@ -303,8 +353,12 @@ if leaving ~= '' then
   if n == '1' then redis.call('DEL', lockKey) end
 end
 if n ~= '1' then
-  local t, f, n, w, o = parse(cur)
-  redis.call('SET', lockKey, record(t, f, n - 1, w, o), 'XX', 'KEEPTTL')
+  -- A count (a lock written by an earlier version of these scripts, whose releases send no hold id): one less.
+  local c = n ~= 'more' and tonumber(n)
+  if c then
+    local t, f, _, w, o = parse(cur)
+    redis.call('SET', lockKey, record(t, f, c - 1, w, o), 'XX', 'KEEPTTL')
+  end
   return 1
 end
 -- A waiter that fell out of the line (no attempt for the heartbeat) is not woken here: it polls and re-attempts.
@@ -319,7 +373,7 @@ redis.call('HDEL', deadlinesKey, heir)
 local waiters = 0
 if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
 local nf = string.format('%d', now)
-redis.call('SET', lockKey, record(heir, nf, 1, waiters, heirOwner), 'PX', heirTtl)
+redis.call('SET', lockKey, record(heir, nf, firstHold(heir, heirOwner), waiters, heirOwner), 'PX', heirTtl)
 return {1, fenced(lockKey, fenceKey, heir, heirOwner, nf, heirTtl, retention, waiters)}
 `, { sharedClock: true });
 
@@ -354,9 +408,11 @@ if t ~= from then
   if not cur then wakeFirst() end
   return 0
 end
--- Nested (an owner re-entered it): not the only hold after all, so only this one is dropped, as a release would.
-if n ~= 1 then
-  redis.call('SET', lockKey, record(t, f, n - 1, w, o), 'XX', 'KEEPTTL')
+-- Nested (a count of holds from an earlier version of these scripts): not the only hold after all, so only this one is
+-- dropped, as a release would. (\`from\` has no owner, so its lock has no hold ids.)
+if n ~= '1' then
+  local c = tonumber(n)
+  if c then redis.call('SET', lockKey, record(t, f, c - 1, w, o), 'XX', 'KEEPTTL') end
   return -1
 end
 if tonumber(redis.call('GET', fenceKey) or '0') >= tonumber(fence) then
@@ -366,7 +422,7 @@ if tonumber(redis.call('GET', fenceKey) or '0') >= tonumber(fence) then
 end
 local waiters = 0
 if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
-redis.call('SET', lockKey, record(to, fence, 1, waiters, owner), 'PX', ttl)
+redis.call('SET', lockKey, record(to, fence, firstHold(to, owner), waiters, owner), 'PX', ttl)
 redis.call('SET', fenceKey, fence, 'PX', ttl + retention + renewUs / 1000)
 return 1
 `, { sharedClock: true });
@@ -441,8 +497,10 @@ local token = ARGV[1]                -- the lease's token
 local ttl = tonumber(ARGV[2])        -- ms to hold it for
 local fence = ARGV[3]                -- the lease's fence
 local owner = ARGV[4]                -- the lease's reentrancy owner, '' for none
+local hold = ARGV[5] or ''           -- its hold's id (with an owner), or ''
 ${CONSTANTS}
-if not redis.call('SET', lockKey, token .. ' ' .. fence .. ' 1 0 ' .. owner, 'NX', 'PX', ttl) then return 0 end
+if hold == '' then hold = '1' end
+if not redis.call('SET', lockKey, token .. ' ' .. fence .. ' ' .. hold .. ' 0 ' .. owner, 'NX', 'PX', ttl) then return 0 end
 if tonumber(redis.call('GET', fenceKey) or '0') < tonumber(fence) then
   redis.call('SET', fenceKey, fence, 'PX', ttl + retention + renewUs / 1000)
 end

@@ -22,6 +22,11 @@ export type AttemptResult =
        * (RedisLock leaves it unset otherwise, to spare its uncontended path a closure per call).
        */
       readonly nested?: boolean;
+      /**
+       * The id of the hold this grant added to a lock with an owner (see HOLD_ID_LENGTH in scripts.lua.ts), which its
+       * release names; '' or absent for a lock without an owner.
+       */
+      readonly hold?: string;
     }
   | {
       readonly ok: false;
@@ -54,6 +59,8 @@ export interface Held {
   readonly owner: string;
   /** When it ends (store clock), as it stands now. */
   readonly expiresAt: number;
+  /** Its hold's id (Grant.hold), '' for none. */
+  readonly hold: string;
 }
 
 /** A successful attempt. */
@@ -77,9 +84,10 @@ export interface LockStore {
   /**
    * Drops one hold of `token` (the lock is freed at zero holds); whether `token` held the lock. `from` is given when the
    * lease has not ended and has no owner (so it is the lock's only hold). `shared` is true when other leases of this
-   * store's locker still hold under `token` (nested leases of one owner): the lock stays theirs.
+   * store's locker still hold under `token` (nested leases of one owner): the lock stays theirs. `hold` names the hold
+   * to drop of a lock with an owner (Grant.hold): so a release that runs twice drops it only once.
    */
-  release(key: string, token: string, from?: Releasing, shared?: boolean): Promise<boolean>;
+  release(key: string, token: string, from?: Releasing, shared?: boolean, hold?: string): Promise<boolean>;
   /**
    * Calls `wake` when `key` may have been freed, with the token of the waiter it was handed to ('' when anyone may try). Resolves once listening is active; rejects if it cannot be set up,
    * in which case the waiter polls.
