@@ -256,6 +256,23 @@ describe('TokenBucket in memory, on an injected clock', () => {
   });
 });
 
+describe('TokenBucket in memory, on its own clock', () => {
+  it('refills within a millisecond: a rate above capacity per ms is reached', async () => {
+    // 1 token of burst, 100 per ms: on whole-ms time every take within a ms would see no refill (about 1 per ms).
+    const bucket = new TokenBucket({ capacity: 1, rate: 100_000 });
+    let allowed = 0;
+    const started = performance.now();
+    let elapsed = 0;
+    for (let i = 0; i < 200_000 && elapsed < 50; i++) {
+      if ((await bucket.take('k')).allowed) allowed++;
+      elapsed = performance.now() - started;
+    }
+    // Never more than the bucket allows (1 ms of slack for the clocks' rounding), and far more than 1 per ms.
+    expect(allowed).toBeLessThanOrEqual(1 + 100 * (elapsed + 1));
+    expect(allowed).toBeGreaterThan(10 * elapsed);
+  });
+});
+
 describe('TokenBucket on Redis', () => {
   afterEach(() => {
     vi.restoreAllMocks();

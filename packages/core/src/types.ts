@@ -231,8 +231,9 @@ export interface TokenBucketOptions {
    */
   timeout?: number | undefined;
   /**
-   * Clock of the in-memory store in epoch ms (ignored with `redis`, which uses the Redis server's clock).
-   * @default Date.now
+   * Clock of the in-memory store in epoch ms (ignored with `redis`, which uses the Redis server's clock). Fractions of a
+   * ms count: a bucket that refills faster than `capacity` tokens per ms needs them.
+   * @default `Date.now()`, with the fraction of a ms that `performance.now()` adds
    */
   clock?: (() => number) | undefined;
 }

@@ -3,6 +3,7 @@ import { assertClient } from '../lock/redis-lock.js';
 import { checkPrefix } from '../redis/keys.js';
 import type { Decision, TokenBucketOptions } from '../types.js';
 import * as v from '../util/validate.js';
+import { wallNow } from '../util/clock.js';
 import { type BucketStore, MemoryBucketStore, RedisBucketStore } from './bucket-store.js';
 import { gcraParams } from './gcra.js';
 import { parseRate } from './rate.js';
@@ -89,8 +90,8 @@ export class TokenBucket {
       this.redis = o.redis;
       this.store = new RedisBucketStore(o.redis, prefix, params, timeout);
     } else {
-      // Date.now is looked up at each call, so fake timers installed after construction still apply.
-      this.store = new MemoryBucketStore(params, clock ?? (() => Date.now()));
+      // Date.now is looked up at each call (in wallNow), so fake timers installed after construction still apply.
+      this.store = new MemoryBucketStore(params, clock ?? wallNow);
     }
     STORES.set(this, this.store);
   }

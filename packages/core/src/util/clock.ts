@@ -25,3 +25,19 @@ export function monotonicNow(): number {
   last = now;
   return Math.floor(origin + now);
 }
+
+// Offset of the wall clock from the monotonic one, for wallNow.
+let wallOffset = Date.now() - performance.now();
+
+/**
+ * `Date.now()` with the fraction of a ms that the monotonic clock adds: within 1 ms of it, and following it wherever
+ * it goes (a stepped clock, fake timers that replace only `Date`). The in-memory token bucket counts time in µs: on whole
+ * ms, every take within one ms would see no refill, and a rate above `capacity` per ms could never be reached.
+ */
+export function wallNow(): number {
+  const wall = Date.now();
+  const now = performance.now() + wallOffset;
+  if (now >= wall && now < wall + 1) return now;
+  wallOffset = wall - performance.now();
+  return wall;
+}
