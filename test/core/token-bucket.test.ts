@@ -846,6 +846,12 @@ describe('TokenBucket arguments', () => {
     }
     await expectInvalid(() => bucket.reset(''), 'key');
     await expectInvalid(() => bucket.reset({} as never), 'key');
+    // As promises (as the lockers' calls are): `.catch` on the call sees them.
+    for (const call of [() => bucket.take(''), () => bucket.peek('k', 0), () => bucket.reset('')]) {
+      let result: unknown;
+      expect(() => (result = call())).not.toThrow();
+      await expect(result).rejects.toBeInstanceOf(RangeError);
+    }
     expect(await bucket.take('k', 5)).toMatchObject({ allowed: true, remaining: 0 });
   });
 });

@@ -103,21 +103,35 @@ export class TokenBucket {
    * unavailable. hasp then gives its tokens back if nothing else has touched the bucket since; otherwise they stay spent
    * (removing them from under later takes could admit more than the bucket allows), which errs on the side of
    * refusing, by at most one take per failed call.
-   * @throws RangeError for an empty key or a cost that is not > 0 or exceeds the capacity;
+   * @throws (rejects) RangeError for an empty key or a cost that is not > 0 or exceeds the capacity, at once;
    *   {@link RateLimitUnavailableError} when Redis cannot answer
    */
   take(key: string, cost = 1): Promise<Decision> {
-    return this.store.take(v.key(key), this.cost(cost), true);
+    // A bad argument rejects, as the lockers' calls do, rather than throwing before a promise exists: code that only
+    // handles the promise's failure (`.catch`, a rejected `await`) sees it either way.
+    try {
+      return this.store.take(v.key(key), this.cost(cost), true);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
   }
 
   /** What {@link TokenBucket.take} would decide now; consumes nothing. */
   peek(key: string, cost = 1): Promise<Decision> {
-    return this.store.take(v.key(key), this.cost(cost), false);
+    try {
+      return this.store.take(v.key(key), this.cost(cost), false);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
   }
 
   /** Refills `key`'s bucket (e.g. after a successful login). */
   reset(key: string): Promise<void> {
-    return this.store.reset(v.key(key));
+    try {
+      return this.store.reset(v.key(key));
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
   }
 
   private cost(cost: unknown): number {
