@@ -1,6 +1,6 @@
 // Type-level checks (compiled by `pnpm typecheck`, never run): the Express middleware keeps a route's parameter,
 // body and query types, and the Koa middleware accepts typed contexts.
-import type { StoreStateEvent } from '@hasp/core/http';
+import type { StoreErrorPolicy, StoreStateEvent } from '@hasp/core';
 import { rateLimit, withLock } from '@hasp/express';
 import { rateLimit as koaRateLimit, withLock as koaWithLock } from '@hasp/koa';
 import express from 'express5';
@@ -116,3 +116,6 @@ const logOutage = (e: StoreStateEvent): void => {
 };
 app.use(rateLimit({ capacity: 10, rate: 10, onStoreState: logOutage }));
 new Koa().use(koaRateLimit({ capacity: 10, rate: 10, onStoreState: (e: StoreStateEvent) => void e.error }));
+// onStoreError's type, exported for options written apart.
+const policy: StoreErrorPolicy = 'closed';
+app.use(rateLimit({ capacity: 10, rate: 10, onStoreError: policy }));

@@ -6,6 +6,10 @@ export { RedisLock } from './lock/redis-lock.js';
 export { Redlock } from './lock/redlock.js';
 export { TokenBucket } from './rate-limit/token-bucket.js';
 export { parseRate } from './rate-limit/rate.js';
+// The types of rateLimit's options that the adapters take from here: for applications, which need not import the
+// adapter authors' entry point (@hasp/core/http) for them.
+export type { StoreErrorPolicy } from './http/rate-limiter.js';
+export type { StoreStateEvent } from './http/store-guard.js';
 export type {
   AcquireOptions,
   Decision,
