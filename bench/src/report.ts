@@ -510,7 +510,7 @@ export function headline(res: Results): string {
   if (res.memory) {
     const hasp = res.memory.redis.find((r) => r.kind === 'bucket' && r.what.startsWith('hasp'));
     const peer = res.memory.redis.filter((r) => r.kind === 'bucket' && !r.what.startsWith('hasp')).sort((a, b) => a.bytesAfter1 - b.bytesAfter1)[0];
-    if (hasp && peer) rows.push(['Redis bytes per rate-limit key (lower is better)', '—', int(hasp.bytesAfter1), `${int(peer.bytesAfter1)} (${peer.what})`]);
+    if (hasp && peer) rows.push(['Redis bytes per rate-limit key, MEMORY USAGE (lower is better)', '—', int(hasp.bytesAfter1), `${int(peer.bytesAfter1)} (${peer.what})`]);
   }
   if (!rows.length) return '';
   return table(['measure', 'baseline (same run)', 'hasp (× baseline)', 'best peer (× baseline)'], rows);

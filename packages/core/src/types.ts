@@ -21,11 +21,13 @@ export interface AcquireOptions {
   /**
    * Reentrancy: acquiring a key already held by the same owner returns a nested lease on the same lock
    * (same token and fence). The lock is freed when every nested lease is released.
+   * @default none: every acquire is its lock's only hold
    */
   owner?: string | undefined;
   /**
    * Stops the call at once, also while an attempt waits on Redis: it rejects with the signal's reason (a lock granted
    * after that is given back).
+   * @default none
    */
   signal?: AbortSignal | undefined;
 }
