@@ -5,6 +5,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest
 import { RateLimitUnavailableError, TokenBucket, type Decision } from '../../packages/core/src/index.js';
 import type { MemoryBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
 import { EXPIRY_GRID_US } from '../../packages/core/src/rate-limit/bucket.lua.js';
+import { wallNow } from '../../packages/core/src/util/clock.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { bucketKey, expectInvalid, rejection, uniquePrefix, until, within } from './helpers.js';
 
@@ -270,6 +271,22 @@ describe('TokenBucket in memory, on its own clock', () => {
     // Never more than the bucket allows (1 ms of slack for the clocks' rounding), and far more than 1 per ms.
     expect(allowed).toBeLessThanOrEqual(1 + 100 * (elapsed + 1));
     expect(allowed).toBeGreaterThan(10 * elapsed);
+  });
+
+  it('reads a clock that never goes back when it re-anchors on Date.now (a drained bucket would read that as a clock step)', () => {
+    const real = performance.now.bind(performance);
+    for (let round = 0; round < 5; round++) {
+      // A reading well into its ms, then the monotonic clock jumps ahead of Date.now (as when fake timers come or go).
+      let before = wallNow();
+      while (before % 1 < 0.5) before = wallNow();
+      try {
+        performance.now = () => real() + 5;
+        expect(wallNow()).toBeGreaterThanOrEqual(before);
+      } finally {
+        performance.now = real;
+      }
+      expect(wallNow()).toBeGreaterThanOrEqual(before);
+    }
   });
 });
 

@@ -26,18 +26,25 @@ export function monotonicNow(): number {
   return Math.floor(origin + now);
 }
 
-// Offset of the wall clock from the monotonic one, for wallNow.
+// Offset of the wall clock from the monotonic one, and the last reading, for wallNow.
 let wallOffset = Date.now() - performance.now();
+let lastWall = 0;
 
 /**
  * `Date.now()` with the fraction of a ms that the monotonic clock adds: within 1 ms of it, and following it wherever
  * it goes (a stepped clock, fake timers that replace only `Date`). The in-memory token bucket counts time in µs: on whole
- * ms, every take within one ms would see no refill, and a rate above `capacity` per ms could never be reached.
+ * ms, every take within one ms would see no refill, and a rate above `capacity` per ms could never be reached. Like
+ * `Date.now()` it never goes back unless the system clock does: re-anchored within the same ms, it stays at the last
+ * reading rather than lose a fraction (a bucket drained to the brim reads a clock that went back as a clock step).
  */
 export function wallNow(): number {
   const wall = Date.now();
-  const now = performance.now() + wallOffset;
-  if (now >= wall && now < wall + 1) return now;
-  wallOffset = wall - performance.now();
-  return wall;
+  let now = performance.now() + wallOffset;
+  if (now < wall || now >= wall + 1) {
+    wallOffset = wall - performance.now();
+    now = wall;
+  }
+  if (now < lastWall && lastWall < wall + 1) now = lastWall;
+  lastWall = now;
+  return now;
 }
