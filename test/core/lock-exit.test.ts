@@ -79,3 +79,21 @@ it('exits by itself after quitting its clients, with no unhandled rejection', as
   console.log(`child exited ${result.at - quitAt} ms after quit(), ${result.at - idleFrom} ms after ioredis's grace`);
   expect(result.at - idleFrom, context).toBeLessThan(EXIT_WITHIN_MS);
 });
+
+it('settles a Redlock acquire on clients that have all ended before the process exits (its pause between rounds keeps it up)', async () => {
+  const child = spawn(process.execPath, ['--import', 'tsx', path.join(here, 'redlock-ended-child.ts')], {
+    cwd: root,
+    env: { ...process.env, DEAD_PORT: String(await closedPort()) },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+  const code = await within(new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c))), 20_000, 'the child to exit');
+  const steps = stdout.trim().split('\n').map((l) => JSON.parse(l) as { step: string; detail: unknown });
+  expect(steps, stdout).toEqual([
+    { step: 'ended', detail: true },
+    { step: 'rejected', detail: 'LOCK_UNAVAILABLE' },
+    { step: 'finally', detail: true },
+  ]);
+  expect(code).toBe(0);
+});

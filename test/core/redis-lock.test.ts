@@ -1,6 +1,8 @@
 // RedisLock against a real redis-server beyond the shared contract: a dead or frozen server, and where keys and
 // channels live in Redis, and a line whose first waiter went away.
 import { once } from 'node:events';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { Redis, type RedisOptions } from 'ioredis';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
@@ -64,6 +66,17 @@ describe('RedisLock when Redis fails', () => {
     expect(await lease.release()).toBe(true);
   };
 
+  /**
+   * Waits until a waiter that just called acquire through `proxy` has made its two attempts (the first, then the one
+   * right after it subscribed) and the second's refusal has reached `client`: it sleeps until woken or its poll, and
+   * no reply of its is on the way.
+   */
+  const waiterAsleep = async (proxy: Proxy, client: Redis): Promise<void> => {
+    await within(proxy.sent('evalsha'), 2_000, 'the first attempt');
+    await within(proxy.sent('evalsha'), 2_000, 'the attempt after subscribing');
+    expect(await client.ping()).toBe('PONG');
+  };
+
   /** A RedisLock whose client (and so its wake-up connection, a copy of it) reaches the node through a proxy. */
   const proxied = async (
     prefix: string,
@@ -110,6 +123,23 @@ describe('RedisLock when Redis fails', () => {
     probe.disconnect();
     if (up !== 'PONG') await node.restart();
     expect(unhandled.reasons).toEqual([]);
+  });
+
+  it('leaves no unhandled rejection when an async onError hook fails', async () => {
+    const heard: string[] = [];
+    const { locks } = locker({
+      onError: async (e) => {
+        heard.push(e.operation);
+        await Promise.resolve();
+        throw new Error('a broken async hook');
+      },
+    });
+    const lease = await locks.acquire('k', { ttl: 100 });
+    // Lost by its time: reported to the hook, whose promise rejects.
+    await within(once(lease.signal, 'abort'), 2_000, 'the lease to be lost');
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(heard).toEqual(['lost']);
+    // (afterEach checks that no rejection went unhandled.)
   });
 
   it('rejects LockUnavailableError at once while the server is down, and works again after a restart', async () => {
@@ -291,6 +321,106 @@ describe('RedisLock when Redis fails', () => {
       expectUnavailable(await released);
       // Sent again once the client is back: the key does not stay held for the 10 s nobody can use.
       await until(async () => (await node.client().exists(names.lock)) === 0, 5_000, 'the release to be sent again');
+    } finally {
+      await close();
+    }
+  });
+
+  it('records the hold of an owner’s acquire that tries again after a grant came too late, though another process re-entered meanwhile', async () => {
+    const prefix = uniquePrefix('late-owner-retry');
+    const { proxy, client, close } = await proxied(prefix);
+    const locks = new RedisLock(client, { prefix, timeout: 2_000 });
+    lockers.push(locks);
+    const admin = locker({ prefix }).redis;
+    const names = lockNames(prefix, 'k');
+    try {
+      // Its scripts loaded on this connection: the attempt is one EVALSHA.
+      await (await locks.acquire('warm', { owner: 'O', ttl: 1_000 })).release();
+      const pass = proxy.holdReplies();
+      const sent = performance.now();
+      const acquiring = locks.acquire('k', { owner: 'O', ttl: 200, wait: 5_000 });
+      await until(async () => (await admin.exists(names.lock)) === 1, 2_000, 'the acquire to run');
+      const other = await locker({ prefix }).locks.acquire('k', { owner: 'O', ttl: 5_000 });
+      // Its grant arrives after its ttl (time has to pass: nothing else tells): handed back, and it tries again with
+      // the same token, as the lock's holder.
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, 300 - (performance.now() - sent))));
+      pass();
+      const lease = await within(acquiring, 3_000, 'the acquire');
+      await other.release();
+      // Its hold is recorded: the lock is still its own.
+      expect(await locker({ prefix }).locks.tryAcquire('k', { owner: 'P' })).toBeNull();
+      expect(lease.signal.aborted).toBe(false);
+      expect(await lease.release()).toBe(true);
+      expect(await admin.exists(names.lock)).toBe(0);
+    } finally {
+      await close();
+    }
+  });
+
+  it('drops only its own hold when a waiter handed the lock gives up after another process of its owner re-entered', async () => {
+    const prefix = uniquePrefix('leave-owner');
+    const { proxy, client, close } = await proxied(prefix);
+    const locks = new RedisLock(client, { prefix, timeout: 5_000 });
+    lockers.push(locks);
+    const admin = locker({ prefix }).redis;
+    const names = lockNames(prefix, 'k');
+    try {
+      const holder = await locks.acquire('k', { owner: 'Q', ttl: 10_000 });
+      const controller = new AbortController();
+      const waiting = locks.acquire('k', { owner: 'O', ttl: 10_000, wait: 10_000, signal: controller.signal }).catch((e: unknown) => e);
+      await waiterAsleep(proxy, client);
+      // The release hands the lock to the waiter in Redis; the waiter then gives up with its LEAVE held on the way,
+      // while another process of its owner re-enters.
+      const passReplies = proxy.holdReplies();
+      const released = holder.release();
+      await until(async () => (await admin.get(names.lock))?.endsWith(' O') === true, 2_000, 'the hand-over to run');
+      const passCommands = proxy.holdCommands();
+      const leaving = Promise.race([proxy.sent('eval'), proxy.sent('evalsha')]);
+      controller.abort(new Error('gave up'));
+      await within(leaving, 2_000, 'the waiter to leave');
+      const other = await locker({ prefix }).locks.acquire('k', { owner: 'O', ttl: 10_000 });
+      passCommands();
+      passReplies();
+      await released;
+      expect(await waiting).toMatchObject({ message: 'gave up' });
+      expect(await client.ping()).toBe('PONG');
+      // The other process's hold stays: another owner is refused, and its release frees the key.
+      expect(await locker({ prefix }).locks.tryAcquire('k', { owner: 'P' })).toBeNull();
+      expect(await other.release()).toBe(true);
+      await until(async () => (await admin.exists(names.lock)) === 0, 2_000, 'the key to be free');
+    } finally {
+      await close();
+    }
+  });
+
+  it('keeps the lock of an heir whose own attempt, sent before the hand-over and timed out, lands after it', async () => {
+    const prefix = uniquePrefix('heir-late-attempt');
+    const { proxy, client, close } = await proxied(prefix);
+    const locks = new RedisLock(client, { prefix, timeout: 1_500 });
+    lockers.push(locks);
+    const admin = locker({ prefix }).redis;
+    const names = lockNames(prefix, 'k');
+    try {
+      const holder = await locks.acquire('k', { owner: 'Q', ttl: 10_000 });
+      const waiting = locks.acquire('k', { ttl: 10_000, wait: 10_000 });
+      await waiterAsleep(proxy, client);
+      const passReplies = proxy.holdReplies();
+      const released = holder.release().catch(() => undefined);
+      await until(async () => (await admin.get(names.lock))?.endsWith(' Q') === false, 2_000, 'the hand-over to run');
+      // The waiter's next attempt (a poll) is held on its way; the hand-over's reply lets it in meanwhile.
+      const passCommands = proxy.holdCommands();
+      await within(proxy.sent('evalsha'), 3_000, 'the waiter to attempt again');
+      passReplies();
+      const lease = await within(waiting, 2_000, 'the heir');
+      await released;
+      // Its attempt times out (time has to pass), then runs, granting under the heir's own token.
+      await new Promise((resolve) => setTimeout(resolve, 1_700));
+      passCommands();
+      expect(await client.ping()).toBe('PONG');
+      expect(await client.ping()).toBe('PONG');
+      expect(await locker({ prefix }).locks.tryAcquire('k')).toBeNull();
+      expect(lease.signal.aborted).toBe(false);
+      expect(await lease.release()).toBe(true);
     } finally {
       await close();
     }
@@ -726,5 +856,50 @@ describe('RedisLock keys, channels and line', () => {
     expect(await admin.zscore(names.queue, 'gone')).toBeNull();
     await lease.release();
     locks.close();
+  });
+});
+
+describe('RedisLock waiters and the heap', () => {
+  let node: RedisNode;
+  const clients: Redis[] = [];
+  const lockers: RedisLock[] = [];
+  // A full collection on demand, without starting the test process with --expose-gc.
+  setFlagsFromString('--expose-gc');
+  const gc = runInNewContext('gc') as () => void;
+
+  beforeAll(async () => {
+    node = await startRedis();
+  });
+
+  afterEach(() => {
+    for (const l of lockers.splice(0)) l.close();
+    for (const c of clients.splice(0)) c.disconnect();
+  });
+
+  it('lets go of an aborted waiter at once (its abort reason may hold a request), not 2 × timeout later', async () => {
+    const prefix = uniquePrefix('heap-abort');
+    const client = node.client();
+    clients.push(client);
+    const locks = new RedisLock(client, { prefix, timeout: 10_000 });
+    lockers.push(locks);
+    const holder = await locks.acquire('k', { ttl: 20_000 });
+    const ref = await (async () => {
+      const reason = { request: new Array(1_000).fill('x') };
+      const controller = new AbortController();
+      const waiting = locks.acquire('k', { wait: 10_000, signal: controller.signal }).catch((e: unknown) => e);
+      await until(async () => (await node.client().zcard(lockNames(prefix, 'k').queue)) === 1, 3_000, 'the waiter to queue');
+      controller.abort(reason);
+      expect(await waiting).toBe(reason);
+      return new WeakRef(reason);
+    })();
+    await until(
+      () => {
+        gc();
+        return Promise.resolve(ref.deref() === undefined);
+      },
+      3_000,
+      'the abort reason to be collected',
+    );
+    await holder.release();
   });
 });

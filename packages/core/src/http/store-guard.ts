@@ -6,6 +6,7 @@ import { TokenBucket } from '../rate-limit/token-bucket.js';
 import { onNext, type EventSource } from '../redis/events.js';
 import { hashSlot } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
+import { ignoreRejection } from '../util/abort.js';
 
 /** What the middleware needs of a bucket; a {@link TokenBucket} from either module format fits. */
 export interface BucketLike {
@@ -191,7 +192,7 @@ export class StoreGuard {
   private tell(event: StoreStateEvent): void {
     for (const hook of this.listeners) {
       try {
-        hook(event);
+        ignoreRejection(hook(event));
       } catch {
         // A throwing hook must not fail the request that noticed the outage, nor keep the other hooks from hearing it.
       }

@@ -4,7 +4,7 @@ import { HaspError, LockBusyError, LockLostError, LockUnavailableError } from '.
 import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import { LONG_KEY_CHARS } from '../redis/keys.js';
-import { watchAbort } from '../util/abort.js';
+import { ignoreRejection, watchAbort } from '../util/abort.js';
 import * as v from '../util/validate.js';
 import { LeaseImpl, type LeaseTies } from './lease.js';
 import type { AttemptResult, Grant, LockStore } from './store.js';
@@ -196,12 +196,17 @@ export abstract class BaseLocker implements Locker {
     let stopAbortWatch: (() => void) | undefined;
     // The sleep in progress, ended by the same watch when the signal aborts.
     let abortSleep: (() => void) | undefined;
+    // Ends the attempt in progress early, on a hand-over or an abort. One promise per attempt, settled by whichever comes
+    // first, rather than a Promise.race against the call's long-lived hand-over and abort promises: each race leaves a
+    // reaction on those (pending until the call ends), so a long wait polling every 50 ms kept one per attempt.
+    let interrupt: ((why: typeof HANDED | typeof ABORTED) => void) | undefined;
     const abortSignal =
       o.signal === undefined
         ? undefined
         : new Promise<typeof ABORTED>((resolve) => {
             stopAbortWatch = watchAbort(o.signal!, () => {
               resolve(ABORTED);
+              interrupt?.(ABORTED);
               abortSleep?.();
             });
           });
@@ -282,8 +287,13 @@ export abstract class BaseLocker implements Locker {
           // with Redis slow to answer). Take the lock then; the attempt's reply, or its failure, no longer matters.
           result = await (handedSignal === undefined && abortSignal === undefined
             ? attempt
-            : Promise.race([attempt, ...(handedSignal ? [handedSignal] : []), ...(abortSignal ? [abortSignal] : [])]));
+            : new Promise<AttemptResult | typeof HANDED | typeof ABORTED>((resolve, reject) => {
+                interrupt = resolve;
+                attempt.then(resolve, reject);
+              }));
+          interrupt = undefined;
         } catch (error) {
+          interrupt = undefined;
           if (o.signal?.aborted) throw abandon!();
           if (handed !== undefined) continue;
           storeFailed = true;
@@ -324,6 +334,7 @@ export abstract class BaseLocker implements Locker {
             handed = { grant, since };
             woken = true;
             onHanded(HANDED);
+            interrupt?.(HANDED);
             wake?.();
           });
         }
@@ -452,7 +463,7 @@ export abstract class BaseLocker implements Locker {
 
   private reportError(event: LockErrorEvent): void {
     try {
-      this.defaults.onError?.(event);
+      ignoreRejection(this.defaults.onError?.(event));
     } catch {
       // A throwing hook must not turn into an unhandled rejection inside a timer.
     }

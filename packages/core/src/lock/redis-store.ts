@@ -53,6 +53,15 @@ export function parseAttempt(reply: unknown): AttemptResult {
   return r[2] === undefined ? { ok: false, pttl: Number(r[1]) } : { ok: false, pttl: Number(r[1]), holder: String(r[2]) };
 }
 
+/**
+ * Adds `token` to `set` for `ms`. Outside any method on purpose: a timer made inside waitHere's closure would keep that
+ * closure's whole scope (the waiter, its `granted` callback, and through it the attempt loop's every closure) alive.
+ */
+function forgetLater(set: Set<string>, token: string, ms: number): void {
+  set.add(token);
+  setTimeout(() => set.delete(token), ms).unref();
+}
+
 /** Tokens of this process's waiters that left a line lately, remembered per locker (see RedisLockStore.left). */
 const LEFT_MAX = 1_024;
 
@@ -115,7 +124,8 @@ export class RedisLockStore implements LockStore {
       // answers with the holder's token and added a hold to it, which its id names: releasing it drops just that hold.
       (late) => {
         const r = parseAttempt(late);
-        if (r.ok) this.releaseScript(n, r.token, undefined, hold).catch(() => undefined);
+        // Not a grant under our own token once a release here named it heir: the lock is that lease's now.
+        if (r.ok && !(r.token === token && this.named.has(token))) this.releaseScript(n, r.token, undefined, hold).catch(() => undefined);
       },
       queue || hold !== ''
         ? (reply) => {
@@ -224,8 +234,7 @@ export class RedisLockStore implements LockStore {
     return (acquired) => {
       if (!this.dropLocal(key, waiter) || acquired) return;
       // A release sent before this may still hand it the lock; handedTo frees it then. Forgotten once that is ruled out.
-      this.gaveUp.add(token);
-      setTimeout(() => this.gaveUp.delete(token), this.timeout * 2).unref();
+      forgetLater(this.gaveUp, token, this.timeout * 2);
     };
   }
 

@@ -598,6 +598,8 @@ function elapsedSince(started: number): number {
   return monotonicNow() - started;
 }
 
+// Not unref'd: the caller awaits this call, and a round on clients that have all ended (quit, or their retryStrategy
+// gave up) holds no socket, so an unref'd pause would let the process exit with the call never settled.
 function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }

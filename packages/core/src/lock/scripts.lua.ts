@@ -230,7 +230,7 @@ if cur then
     local pttl = redis.call('PTTL', lockKey)
     if pttl < ttl then pttl = ttl end
     local hold = firstHold(token, owner)
-    if t ~= token and not without(n, hold) then
+    if (t ~= token or owner ~= '') and not without(n, hold) then
       redis.call('SET', lockKey, record(t, f, n .. ',' .. hold, w, o), 'PX', pttl)
     else
       redis.call('PEXPIRE', lockKey, pttl)
@@ -441,10 +441,21 @@ local now = nil
 ${FIRST_LIVE}${WAKE_FIRST}
 -- A release in our process may have handed us the lock while we were giving up: pass it on.
 local cur = redis.call('GET', lockKey)
-if cur and parse(cur) == token then
-  redis.call('DEL', lockKey)
-  wakeFirst()
-  return 1
+if cur then
+  local t, f, n, w, o = parse(cur)
+  if t == token then
+    -- With an owner, others of it may have re-entered since: only this waiter's own hold goes.
+    local rest = o ~= '' and without(n, firstHold(token, o))
+    if rest and rest ~= '' then
+      redis.call('SET', lockKey, record(t, f, rest, w, o), 'XX', 'KEEPTTL')
+    elseif o == '' or rest then
+      redis.call('DEL', lockKey)
+      wakeFirst()
+    end
+    redis.call('ZREM', queueKey, token)
+    redis.call('HDEL', deadlinesKey, token)
+    return 1
+  end
 end
 if redis.call('ZREM', queueKey, token) == 0 then return 0 end
 redis.call('HDEL', deadlinesKey, token)

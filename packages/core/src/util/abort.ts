@@ -33,3 +33,12 @@ export function watchAbort(signal: AbortSignal, onAbort: () => void): () => void
     if (watches.get(signal)?.listener === listener) watches.delete(signal);
   };
 }
+
+/**
+ * Drops the failure of what a user's hook returned, when it is a promise (an `async` hook): its rejection would
+ * otherwise be unhandled, which ends the process under Node's default `--unhandled-rejections=throw`, as a throwing
+ * hook would if its throw were not caught.
+ */
+export function ignoreRejection(value: unknown): void {
+  if (typeof (value as PromiseLike<unknown> | null)?.then === 'function') (value as PromiseLike<unknown>).then(undefined, () => undefined);
+}
