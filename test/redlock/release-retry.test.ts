@@ -43,3 +43,26 @@ it('lets the next waiter in soon after a release that met dropped connections we
     for (const client of [...a, ...b, ...c, ...admins]) client.disconnect();
   }
 });
+
+it.each([undefined, 'A'])('sends a release again to a node it could not reach, once a quorum freed the lock (owner %s)', async (owner) => {
+  const nodes = await startRedisNodes(3);
+  const admins = nodes.map((n) => n.client());
+  const clients = nodes.map((n) => n.client());
+  const prefix = freshPrefix('retry-minority');
+  const locks = new Redlock(clients, { ttl: 10_000, prefix });
+  const lock = lockNames(prefix, 'k').lock;
+  try {
+    const lease = await locks.acquire('k', { owner });
+    expect(await admins[0]!.exists(lock)).toBe(1);
+    // Node 0's connection drops: the release cannot go out there (it is reconnecting), but nodes 1 and 2 free it.
+    await admins[0]!.call('CLIENT', 'KILL', 'TYPE', 'normal');
+    await notReady(clients[0]!);
+    expect(await lease.release()).toBe(true);
+    // Not left there for the rest of its 10 s ttl, voting against everyone (and, with an owner, kept alive there by
+    // the owner's re-entries).
+    await until(async () => (await admins[0]!.exists(lock)) === 0, 3_000, 'the release to reach node 0');
+  } finally {
+    locks.close();
+    for (const client of [...clients, ...admins]) client.disconnect();
+  }
+});

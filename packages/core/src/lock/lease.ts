@@ -95,7 +95,7 @@ export class LeaseImpl implements Lease {
       // its reply, arriving after this lease ended, changes nothing (doExtend), and a lock it put back on a Redlock
       // node is taken off again (RedlockStore.restore).
       const from = live && this.store.now() < this.expiry ? { fence: this.fence, expiresAt: this.expiry } : undefined;
-      const held = await this.store.release(this.key, this.token, from, this.ties?.shared() ?? false, this.hold);
+      const held = await this.store.release(this.key, this.token, from, this.ties?.shared() ?? false, this.hold, this.heldUntil());
       this.released = true;
       return held;
     })();

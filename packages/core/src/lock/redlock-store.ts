@@ -13,7 +13,7 @@ import { writeNow } from '../redis/auto-pipeline.js';
 import { sendPending } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
-import { makeRoom } from '../util/bounded.js';
+import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
@@ -163,7 +163,7 @@ export class RedlockStore implements LockStore {
     throw this.unavailable('extend', outcomes);
   }
 
-  async release(key: string, token: string, _from?: unknown, shared = false, hold = ''): Promise<boolean> {
+  async release(key: string, token: string, _from?: unknown, shared = false, hold = '', until?: number): Promise<boolean> {
     // A nested lease's release drops one hold: the lease it shares the token with still holds, and still needs its late
     // grants kept, its lock put back where a node lost it, and its place in line for its own release.
     if (!shared) {
@@ -200,6 +200,12 @@ export class RedlockStore implements LockStore {
     // return 0 then). Nodes still unheard are no failure: the round settled without them because the answers already
     // tell (enough nodes no longer held the lock).
     if (failedCount(outcomes) > this.clients.length - q) throw this.unavailable('release', outcomes);
+    // Decided without the nodes that failed (down, or reconnecting: then it never went out there): the lock stays on
+    // them until its ttl, voting against everyone, and with an owner its re-entries there would keep it alive. Sent
+    // again to them in the background until they take it or the lease would have ended (harmless where it ran: by
+    // token, or by the hold's id).
+    const failed = outcomes.flatMap((o, i) => (o !== undefined && !o.ok ? [i] : []));
+    if (failed.length > 0 && until !== undefined) this.releaseLater(failed, n, keys, args, until, 0);
     // Out of the line only now: a release sent again after a failure (LeaseImpl.retryRelease) must still take the lease's
     // name out of the line, or the nodes would wake that name, and refuse everyone else, until its heartbeat ran out.
     if (!shared) this.queued.delete(token);
@@ -446,6 +452,29 @@ export class RedlockStore implements LockStore {
   private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number, hold = ''): Promise<unknown> {
     const args = hold === '' ? [token] : [token, '', '', '', '', hold];
     return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], args));
+  }
+
+  /** Sends a release that failed on nodes `nodes` again, backing off, until each takes it or `until` (store clock). */
+  private releaseLater(nodes: number[], n: LockNames, keys: string[], args: (string | number)[], until: number, delay: number): void {
+    const left = until - this.now();
+    if (left <= 0) return;
+    const next = backoff(delay, RESEND_FIRST_MS, RESEND_MAX_MS);
+    const timer = setTimeout(() => {
+      const again: number[] = [];
+      let pending = nodes.length;
+      for (const i of nodes) {
+        const c = this.clients[i]!;
+        bounded(c, this.s.timeout, () => RELEASE.run(c, keys, args)).then(
+          (v) => {
+            if (Number(v) === 2) this.wakeOn(c, n);
+          },
+          () => void again.push(i),
+        ).finally(() => {
+          if (--pending === 0 && again.length > 0) this.releaseLater(again, n, keys, args, until, next);
+        });
+      }
+    }, Math.min(next, left));
+    timer.unref();
   }
 
   /** Wakes the first waiter in line on one node where the lock is free (after a RELEASE that answered 2). */

@@ -85,9 +85,11 @@ export interface LockStore {
    * Drops one hold of `token` (the lock is freed at zero holds); whether `token` held the lock. `from` is given when the
    * lease has not ended and has no owner (so it is the lock's only hold). `shared` is true when other leases of this
    * store's locker still hold under `token` (nested leases of one owner): the lock stays theirs. `hold` names the hold
-   * to drop of a lock with an owner (Grant.hold): so a release that runs twice drops it only once.
+   * to drop of a lock with an owner (Grant.hold): so a release that runs twice drops it only once. `until` (store clock):
+   * how long the lock may stay where the release failed, for a store that sends it there again meanwhile (Redlock,
+   * whose release is decided by a quorum without the failed nodes).
    */
-  release(key: string, token: string, from?: Releasing, shared?: boolean, hold?: string): Promise<boolean>;
+  release(key: string, token: string, from?: Releasing, shared?: boolean, hold?: string, until?: number): Promise<boolean>;
   /**
    * Calls `wake` when `key` may have been freed, with the token of the waiter it was handed to ('' when anyone may try). Resolves once listening is active; rejects if it cannot be set up,
    * in which case the waiter polls.
