@@ -81,11 +81,12 @@ describe('RedisLock when Redis fails', () => {
   const proxied = async (
     prefix: string,
     options: RedisOptions = {},
+    timeout?: number,
   ): Promise<{ proxy: Proxy; client: Redis; locks: RedisLock; close(): Promise<void> }> => {
     const proxy = await startProxy(node.port);
     const client = new Redis({ host: '127.0.0.1', port: proxy.port, ...options });
     client.on('error', () => undefined);
-    const locks = new RedisLock(client, { prefix });
+    const locks = new RedisLock(client, timeout === undefined ? { prefix } : { prefix, timeout });
     const close = async () => {
       locks.close();
       client.disconnect();
@@ -214,9 +215,7 @@ describe('RedisLock when Redis fails', () => {
 
   it('drops a nested lease’s hold once when ioredis sends its release again after a reconnect (it had run): the sibling keeps the lock', async () => {
     const prefix = uniquePrefix('resent-release');
-    const { proxy, client, close } = await proxied(prefix);
-    const locks = new RedisLock(client, { prefix, timeout: 2_000 });
-    lockers.push(locks);
+    const { proxy, client, locks, close } = await proxied(prefix, {}, 2_000);
     const admin = locker({ prefix }).redis;
     const holds = async () => (await admin.get(lockNames(prefix, 'k').lock))?.split(' ')[2]?.split(',').length;
     try {
@@ -243,9 +242,7 @@ describe('RedisLock when Redis fails', () => {
 
   it('adds a nested hold once when ioredis sends its acquire again after a reconnect (it had run): the key is free after both releases', async () => {
     const prefix = uniquePrefix('resent-acquire');
-    const { proxy, client, close } = await proxied(prefix);
-    const locks = new RedisLock(client, { prefix, timeout: 2_000 });
-    lockers.push(locks);
+    const { proxy, client, locks, close } = await proxied(prefix, {}, 2_000);
     const admin = locker({ prefix }).redis;
     const names = lockNames(prefix, 'k');
     const holds = async () => (await admin.get(names.lock))?.split(' ')[2]?.split(',').length;
@@ -272,9 +269,7 @@ describe('RedisLock when Redis fails', () => {
 
   it('does not release again, when a late hand-over confirms an heir whose own release was sent, a hold another process re-entered', async () => {
     const prefix = uniquePrefix('late-confirm');
-    const { proxy, client, close } = await proxied(prefix);
-    const locks = new RedisLock(client, { prefix, timeout: 300 });
-    lockers.push(locks);
+    const { proxy, client, locks, close } = await proxied(prefix, {}, 300);
     try {
       const releasing = await locks.acquire('k', { ttl: 10_000 });
       const waiting = locks.acquire('k', { owner: 'x', ttl: 10_000, wait: 5_000 });
@@ -302,9 +297,7 @@ describe('RedisLock when Redis fails', () => {
 
   it('sends again, until the store would let it go, a release that could not be sent when a late hand-over confirmed its ended lease', async () => {
     const prefix = uniquePrefix('late-confirm-unsent');
-    const { proxy, client, close } = await proxied(prefix);
-    const locks = new RedisLock(client, { prefix, timeout: 300 });
-    lockers.push(locks);
+    const { proxy, client, locks, close } = await proxied(prefix, {}, 300);
     const names = lockNames(prefix, 'k');
     try {
       const lease = await locks.acquire('k', { ttl: 300 });
@@ -328,9 +321,7 @@ describe('RedisLock when Redis fails', () => {
 
   it('records the hold of an owner’s acquire that tries again after a grant came too late, though another process re-entered meanwhile', async () => {
     const prefix = uniquePrefix('late-owner-retry');
-    const { proxy, client, close } = await proxied(prefix);
-    const locks = new RedisLock(client, { prefix, timeout: 2_000 });
-    lockers.push(locks);
+    const { proxy, locks, close } = await proxied(prefix, {}, 2_000);
     const admin = locker({ prefix }).redis;
     const names = lockNames(prefix, 'k');
     try {
@@ -359,9 +350,7 @@ describe('RedisLock when Redis fails', () => {
 
   it('drops only its own hold when a waiter handed the lock gives up after another process of its owner re-entered', async () => {
     const prefix = uniquePrefix('leave-owner');
-    const { proxy, client, close } = await proxied(prefix);
-    const locks = new RedisLock(client, { prefix, timeout: 5_000 });
-    lockers.push(locks);
+    const { proxy, client, locks, close } = await proxied(prefix, {}, 5_000);
     const admin = locker({ prefix }).redis;
     const names = lockNames(prefix, 'k');
     try {
@@ -395,9 +384,7 @@ describe('RedisLock when Redis fails', () => {
 
   it('keeps the lock of an heir whose own attempt, sent before the hand-over and timed out, lands after it', async () => {
     const prefix = uniquePrefix('heir-late-attempt');
-    const { proxy, client, close } = await proxied(prefix);
-    const locks = new RedisLock(client, { prefix, timeout: 1_500 });
-    lockers.push(locks);
+    const { proxy, client, locks, close } = await proxied(prefix, {}, 1_500);
     const admin = locker({ prefix }).redis;
     const names = lockNames(prefix, 'k');
     try {
@@ -429,9 +416,7 @@ describe('RedisLock when Redis fails', () => {
   it('drops an owner lease’s hold once, however often its release is sent (unsent, then timed out, then again): a re-entered hold stays', async () => {
     const prefix = uniquePrefix('owner-retry');
     // The client waits 400 ms between reconnect attempts: the unsent release's retry is due meanwhile.
-    const { proxy, client, close } = await proxied(prefix, { retryStrategy: () => 400 });
-    const locks = new RedisLock(client, { prefix, timeout: 100 });
-    lockers.push(locks);
+    const { proxy, client, locks, close } = await proxied(prefix, { retryStrategy: () => 400 }, 100);
     try {
       const lease = await locks.acquire('k', { owner: 'o', ttl: 20_000 });
       const reentered = await locker({ prefix }).locks.acquire('k', { owner: 'o', ttl: 20_000 });
