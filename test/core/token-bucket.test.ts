@@ -5,7 +5,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest
 import { RateLimitUnavailableError, TokenBucket, type Decision } from '../../packages/core/src/index.js';
 import type { MemoryBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
 import { EXPIRY_GRID_US } from '../../packages/core/src/rate-limit/bucket.lua.js';
-import { wallNow } from '../../packages/core/src/util/clock.js';
+import { subMsClock, wallNow } from '../../packages/core/src/util/clock.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { bucketKey, expectInvalid, rejection, uniquePrefix, until, within } from './helpers.js';
 
@@ -275,18 +275,43 @@ describe('TokenBucket in memory, on its own clock', () => {
   });
 
   it('reads a clock that never goes back when it re-anchors on Date.now (a drained bucket would read that as a clock step)', () => {
-    const real = performance.now.bind(performance);
-    for (let round = 0; round < 5; round++) {
-      // A reading well into its ms, then the monotonic clock jumps ahead of Date.now (as when fake timers come or go).
-      let before = wallNow();
-      while (before % 1 < 0.5) before = wallNow();
-      try {
-        performance.now = () => real() + 5;
-        expect(wallNow()).toBeGreaterThanOrEqual(before);
-      } finally {
-        performance.now = real;
+    // Date.now 1000, and the monotonic clock moving on: 1000.7; then the two drift apart (the monotonic one runs 5 ms
+    // ahead within the same ms of Date.now): re-anchored, it stays at 1000.7 rather than go back to 1000.
+    let date = 1_000;
+    let perf = 0;
+    const clock = subMsClock(
+      () => date,
+      () => perf,
+    );
+    expect(clock()).toBe(1_000);
+    perf = 0.7;
+    expect(clock()).toBeCloseTo(1_000.7, 9);
+    perf = 5.7;
+    expect(clock()).toBeCloseTo(1_000.7, 9);
+    // It follows Date.now on: the next ms, and a step back of the system clock.
+    date = 1_001;
+    perf = 6.2;
+    expect(clock()).toBeCloseTo(1_001, 9);
+    date = 500;
+    expect(clock()).toBe(500);
+  });
+
+  it('stands still under fake timers that replace only Date (no real fraction added to frozen time)', async () => {
+    const bucket = new TokenBucket({ capacity: 10, rate: 10_000 });
+    const frozen = Date.now();
+    const spy = vi.spyOn(Date, 'now').mockReturnValue(frozen);
+    try {
+      expect(wallNow()).toBe(frozen);
+      expect(await bucket.take('k', 10)).toMatchObject({ allowed: true, remaining: 0 });
+      // A real ms passes (10 tokens' worth at this rate); the faked clock does not move.
+      const started = performance.now();
+      while (performance.now() - started < 1.5) {
+        // busy: the point is real time passing with Date.now standing still
       }
-      expect(wallNow()).toBeGreaterThanOrEqual(before);
+      expect(wallNow()).toBe(frozen);
+      expect(await bucket.peek('k')).toMatchObject({ allowed: false, remaining: 0 });
+    } finally {
+      spy.mockRestore();
     }
   });
 });

@@ -235,7 +235,8 @@ export interface TokenBucketOptions {
   /**
    * Clock of the in-memory store in epoch ms (ignored with `redis`, which uses the Redis server's clock). Fractions of a
    * ms count: a bucket that refills faster than `capacity` tokens per ms needs them.
-   * @default `Date.now()`, with the fraction of a ms that `performance.now()` adds
+   * @default `Date.now()`, with the fraction of a ms that `performance.now()` adds (`Date.now()` alone while either is
+   *   replaced, as fake timers do)
    */
   clock?: (() => number) | undefined;
 }

@@ -9,36 +9,44 @@ const ipKey = (req: Request): string => clientIpKey(req.ip);
 
 // Express gives every request its app's prototype (Object.setPrototypeOf), which leaves the request on a map of its own:
 // V8 then copies the map and its ~30 property descriptors for each property added to it, about 3 µs for a plain
-// `req.rateLimit = d` (of ~50 µs Express spends on a request; measured in-process). So the decision is kept in
-// res.locals (a dictionary: adding to it copies nothing) and read through an accessor on the prototype below Express's
-// app prototypes, defined once. A request that already has an own `rateLimit` (assigned by the app, or by another
-// limiter) gets it assigned as before; assigning one (`req.rateLimit = x`) defines an own property, as without it.
-const DECISION = Symbol('hasp.rateLimit.decision');
+// `req.rateLimit = d` (of ~50 µs Express spends on a request; measured in-process). So the decision is kept in a
+// WeakMap by request and read through an accessor on the prototype that every app of this Express copy shares (the
+// first one up the chain without an own `app`), defined once. A request that already has an own `rateLimit` (assigned
+// by the app, or by another limiter), one Express did not make, or one whose prototype cannot take the accessor
+// (frozen) gets it assigned as before; assigning one (`req.rateLimit = x`) defines an own property, as without it.
+const decisions = new WeakMap<object, Decision>();
 const accessorOn = new WeakSet<object>();
 const accessor: PropertyDescriptor = {
   configurable: true,
   enumerable: false,
   get(this: Request): Decision | undefined {
-    return (this.res?.locals as Record<symbol, Decision | undefined> | undefined)?.[DECISION];
+    return decisions.get(this);
   },
   set(this: Request, value: unknown): void {
+    decisions.delete(this);
     Object.defineProperty(this, 'rateLimit', { value, writable: true, enumerable: true, configurable: true });
   },
 };
 
-/** Whether `req.rateLimit` reads res.locals[DECISION] (the accessor is on its prototype chain, defined here if need be). */
+/** Whether `req.rateLimit` reads decisions (the accessor is on its prototype chain, defined here if need be). */
 function hasAccessor(req: Request): boolean {
   const proto = Object.getPrototypeOf(req) as object | null;
   if (proto === null) return false;
   if (accessorOn.has(proto)) return true;
-  // Defined on the prototype every app of this Express copy shares (the one above the app's own), so that the field
-  // stays readable after a sub-app hands the request back to its parent (which restores the parent's prototype).
-  const shared = Object.getPrototypeOf(proto) as object | null;
-  const target = shared !== null && shared !== Object.prototype && 'app' in proto ? shared : proto;
+  // Only an Express request (its prototype an app's request, with own `app`). The accessor goes on the prototype
+  // above every app's own (a mounted app's request has its parent's as prototype), which all apps of this copy share.
+  if (!Object.prototype.hasOwnProperty.call(proto, 'app')) return false;
+  let target: object | null = proto;
+  while (target !== null && Object.prototype.hasOwnProperty.call(target, 'app')) target = Object.getPrototypeOf(target) as object | null;
+  if (target === null || target === Object.prototype) return false;
   const own = Object.getOwnPropertyDescriptor(target, 'rateLimit');
-  if (own === undefined) Object.defineProperty(target, 'rateLimit', accessor);
-  else if (own.get !== accessor.get) return false;
-  // Nothing nearer the request may hide it.
+  if (own === undefined) {
+    try {
+      Object.defineProperty(target, 'rateLimit', accessor);
+    } catch {
+      return false; // frozen or sealed
+    }
+  } else if (own.get !== accessor.get) return false;
   for (let p: object | null = proto; p !== null && p !== target; p = Object.getPrototypeOf(p) as object | null) {
     if (Object.prototype.hasOwnProperty.call(p, 'rateLimit')) return false;
   }
@@ -46,13 +54,9 @@ function hasAccessor(req: Request): boolean {
   return true;
 }
 
-function publish(req: Request, res: Response, d: Decision): void {
-  const locals = res.locals as Record<symbol, Decision | undefined> | undefined;
-  if (locals !== undefined && req.res === res && !Object.prototype.hasOwnProperty.call(req, 'rateLimit') && hasAccessor(req)) {
-    locals[DECISION] = d;
-  } else {
-    req.rateLimit = d;
-  }
+function publish(req: Request, d: Decision): void {
+  if (!Object.prototype.hasOwnProperty.call(req, 'rateLimit') && hasAccessor(req)) decisions.set(req, d);
+  else req.rateLimit = d;
 }
 
 /**
@@ -88,7 +92,7 @@ export function rateLimit<
       next();
       return;
     }
-    publish(req, res, d);
+    publish(req, d);
     try {
       // Throws when an earlier middleware already sent the headers: that must reach next(err), not become an
       // unhandled rejection of the detached promise chain.

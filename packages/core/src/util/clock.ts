@@ -26,25 +26,42 @@ export function monotonicNow(): number {
   return Math.floor(origin + now);
 }
 
-// Offset of the wall clock from the monotonic one, and the last reading, for wallNow.
-let wallOffset = Date.now() - performance.now();
-let lastWall = 0;
+/**
+ * A wall clock in epoch ms over `dateNow` (whole ms) with the fraction of a ms that `perfNow` (monotonic) adds: within
+ * 1 ms of `dateNow()`, and following it wherever it goes (a stepped clock). Like `dateNow` it never goes back unless
+ * that does: re-anchored within the same ms (the two clocks drift apart), it stays at the last reading rather than lose
+ * a fraction (a bucket drained to the brim reads a clock that went back as a clock step).
+ */
+export function subMsClock(dateNow: () => number, perfNow: () => number): () => number {
+  let offset = dateNow() - perfNow();
+  let last = 0;
+  return () => {
+    const wall = dateNow();
+    let now = perfNow() + offset;
+    if (now < wall || now >= wall + 1) {
+      offset = wall - perfNow();
+      now = wall;
+    }
+    if (now < last && last < wall + 1) now = last;
+    last = now;
+    return now;
+  };
+}
+
+const nativeDateNow = Date.now;
+const nativePerfNow = performance.now;
+const nativeWall = subMsClock(
+  () => nativeDateNow.call(Date),
+  () => nativePerfNow.call(performance),
+);
 
 /**
- * `Date.now()` with the fraction of a ms that the monotonic clock adds: within 1 ms of it, and following it wherever
- * it goes (a stepped clock, fake timers that replace only `Date`). The in-memory token bucket counts time in µs: on whole
- * ms, every take within one ms would see no refill, and a rate above `capacity` per ms could never be reached. Like
- * `Date.now()` it never goes back unless the system clock does: re-anchored within the same ms, it stays at the last
- * reading rather than lose a fraction (a bucket drained to the brim reads a clock that went back as a clock step).
+ * `Date.now()` with the fraction of a ms the monotonic clock adds (see subMsClock): the in-memory token bucket counts
+ * time in µs, and on whole ms every take within one ms would see no refill, so a rate above `capacity` per ms could
+ * never be reached. Under fake timers (`Date` or `performance` replaced) it is `Date.now()` alone: their time is whole
+ * ms and stands still between steps, which a real fraction added to it would not.
  */
 export function wallNow(): number {
-  const wall = Date.now();
-  let now = performance.now() + wallOffset;
-  if (now < wall || now >= wall + 1) {
-    wallOffset = wall - performance.now();
-    now = wall;
-  }
-  if (now < lastWall && lastWall < wall + 1) now = lastWall;
-  lastWall = now;
-  return now;
+  if (Date.now !== nativeDateNow || performance.now !== nativePerfNow) return Date.now();
+  return nativeWall();
 }
