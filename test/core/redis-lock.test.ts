@@ -413,6 +413,42 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('gives back what a waiter takes with an attempt a dropped connection sent twice, once a release here named it heir but handed the lock elsewhere', async () => {
+    const prefix = uniquePrefix('named-heir');
+    // This process reaches Redis through the proxy and reconnects only after 600 ms; its calls time out after 150.
+    const { proxy, client, locks, close } = await proxied(prefix, { retryStrategy: () => 600 }, 150);
+    const other = locker({ prefix }).locks;
+    const admin = locker({ prefix }).redis;
+    const names = lockNames(prefix, 'k');
+    try {
+      // The holder is in this process, so its release names this process's waiter W as heir; but X (another process)
+      // is first in Redis's line, and gets the lock.
+      const holder = await locks.acquire('k', { ttl: 10_000 });
+      const first = other.acquire('k', { wait: 8_000, ttl: 10_000 });
+      await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'X to queue');
+      const w = locks.acquire('k', { wait: 8_000, ttl: 10_000 }).catch(() => null);
+      await waiterAsleep(proxy, client);
+      await holder.release();
+      const x = await within(first, 3_000, 'X');
+      // W's attempt on X's release goes out on a connection that drops before Redis reads it: ioredis sends it again
+      // after reconnecting, and it takes the free key under W's token, which W (failed meanwhile) no longer wants.
+      proxy.cutWhenSent(names.lock);
+      await x.release();
+      expect(await w).toBeNull();
+      await until(
+        async () => {
+          const lease = await other.tryAcquire('k');
+          await lease?.release();
+          return lease !== null;
+        },
+        4_000,
+        'the key to be free again',
+      );
+    } finally {
+      await close();
+    }
+  });
+
   it('drops an owner lease’s hold once, however often its release is sent (unsent, then timed out, then again): a re-entered hold stays', async () => {
     const prefix = uniquePrefix('owner-retry');
     // The client waits 400 ms between reconnect attempts: the unsent release's retry is due meanwhile.

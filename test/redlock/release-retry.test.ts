@@ -1,8 +1,10 @@
 // A Redlock release sent again after it failed (LeaseImpl.retryRelease) still takes its lease's place out of the line,
 // so the next waiter gets the lock at once, not after the place's heartbeat runs out.
+import { Redis } from 'ioredis';
 import { afterAll, expect, it } from 'vitest';
 import { Redlock } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { startProxy } from '../harness/proxy.js';
 import { startRedisNodes, stopAll } from '../harness/redis.js';
 import { until, within } from '../core/helpers.js';
 import { freshPrefix, notReady } from './support.js';
@@ -64,5 +66,37 @@ it.each([undefined, 'A'])('sends a release again to a node it could not reach, o
   } finally {
     locks.close();
     for (const client of [...clients, ...admins]) client.disconnect();
+  }
+});
+
+it.each([undefined, 'A'])('sends the hand-back of an aborted acquire’s grant again to a node it could not reach (owner %s)', async (owner) => {
+  const nodes = await startRedisNodes(3);
+  const admins = nodes.map((n) => n.client());
+  const proxies = await Promise.all([startProxy(nodes[1]!.port), startProxy(nodes[2]!.port)]);
+  const clients = [nodes[0]!.client(), ...proxies.map((p) => new Redis({ host: '127.0.0.1', port: p.port }))];
+  for (const c of clients) c.on('error', () => undefined);
+  const prefix = freshPrefix('handback-minority');
+  const locks = new Redlock(clients, { prefix, ttl: 10_000, timeout: 3_000, nodeTimeout: 3_000 });
+  const lock = lockNames(prefix, 'k').lock;
+  try {
+    await Promise.all(clients.map((c) => c.ping()));
+    // The round is granted everywhere, but nodes 1 and 2's answers are held: the caller gives up meanwhile.
+    const passes = proxies.map((p) => p.holdReplies());
+    const controller = new AbortController();
+    const acquiring = locks.acquire('k', { owner, signal: controller.signal }).catch((e: unknown) => e);
+    await until(async () => (await Promise.all(admins.map((a) => a.exists(lock)))).every((e) => e === 1), 2_000, 'the round to be granted');
+    controller.abort(new Error('gave up'));
+    expect(await acquiring).toMatchObject({ message: 'gave up' });
+    // Node 0's connection drops: the hand-back of the grant cannot go out there.
+    await admins[0]!.call('CLIENT', 'KILL', 'TYPE', 'normal');
+    await notReady(clients[0]!);
+    for (const pass of passes) pass();
+    await until(async () => (await admins[1]!.exists(lock)) + (await admins[2]!.exists(lock)) === 0, 2_000, 'nodes 1 and 2 to be freed');
+    // Not left on node 0 for the rest of its 10 s ttl.
+    await until(async () => (await admins[0]!.exists(lock)) === 0, 3_000, 'the hand-back to reach node 0');
+  } finally {
+    locks.close();
+    for (const c of [...clients, ...admins]) c.disconnect();
+    for (const p of proxies) await p.close();
   }
 });

@@ -444,7 +444,9 @@ export abstract class BaseLocker implements Locker {
 
   /** Gives back a grant no lease was made for (one hold; a nested grant leaves the lock to the lease it nests in). */
   private handBack(key: string, grant: Grant): void {
-    this.store.release(key, grant.token, undefined, this.liveLeases.has(grant.token), grant.hold).catch(() => undefined);
+    // Until its ttl at most: a store that sends it again where it failed (Redlock, whose every round has its own token
+    // and hold) stops then.
+    this.store.release(key, grant.token, undefined, this.liveLeases.has(grant.token), grant.hold, this.store.now() + grant.ttl).catch(() => undefined);
   }
 
   // Leases of one owner nest under one token (a lease without an owner is always its lock's only hold): counted while

@@ -87,8 +87,11 @@ export class RedisLockStore implements LockStore {
   // Tokens of this process's waiters that left their line (let in, or gave up), oldest first: a refusal computed in
   // Redis before their leaving landed there may still list them as ahead. Kept far longer than a round trip.
   private readonly left = new Set<string>();
-  // Tokens a release of this process named as its heir, oldest first (see releaseUnsure).
+  // Tokens a release of this process named as its heir, oldest first (see releaseUnsure), while the lock may be theirs:
+  // until every release that named one has answered that it went to someone else.
   private readonly named = new Set<string>();
+  // How many releases that named each of those are still to answer.
+  private readonly naming = new Map<string, number>();
   // Tokens of acquires that failed after they were sent, with their names and until when to release them.
   private readonly unsure = new Map<string, { n: LockNames; until: number; hold: string }>();
   private unsureTimer: NodeJS.Timeout | undefined;
@@ -211,6 +214,8 @@ export class RedisLockStore implements LockStore {
         if (Array.isArray(reply)) {
           const grant = { ok: true, token: heir.token, fence: Number(reply[1]), ttl: heir.ttl, hold: holdId(heir.token, heir.owner) } as const;
           this.handedTo(key, heir, grant, since);
+        } else {
+          this.notHandedTo(heir.token);
         }
       };
     }
@@ -284,6 +289,23 @@ export class RedisLockStore implements LockStore {
   private noteHeir(heir: string): void {
     makeRoom(this.named, LEFT_MAX);
     this.named.add(heir);
+    makeRoom(this.naming, LEFT_MAX);
+    this.naming.set(heir, (this.naming.get(heir) ?? 0) + 1);
+  }
+
+  /**
+   * A release that named `heir` answered that the lock went elsewhere (first in Redis's line was another process's
+   * waiter): once no other such release is still to answer, the heir's own late or unsure acquires are given back as
+   * anyone's (kept, they would hold the key for their ttl).
+   */
+  private notHandedTo(heir: string): void {
+    const left = (this.naming.get(heir) ?? 1) - 1;
+    if (left > 0) {
+      this.naming.set(heir, left);
+      return;
+    }
+    this.naming.delete(heir);
+    this.named.delete(heir);
   }
 
   /** A queued attempt of `token` was refused; `ahead`: the tokens ahead of it in the line, if the reply listed them. */
