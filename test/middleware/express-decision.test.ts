@@ -67,8 +67,10 @@ describe.each(VERSIONS)('req.rateLimit on %s', (version) => {
     const mid = express();
     const leaf = express();
     leaf.use(rateLimit({ capacity: 1, rate: '1/h', key: 'deep', policy: 'deep' }));
-    leaf.get('/x', (_req, res, next) => {
+    leaf.get('/x', (req, res, next) => {
       res.locals = { user: 'u' };
+      // Read through a Proxy of the request too, as a library wrapping it would.
+      seen.proxy = (new Proxy(req, {}) as express5.Request).rateLimit?.remaining;
       next();
     });
     mid.use('/leaf', leaf);
@@ -82,7 +84,7 @@ describe.each(VERSIONS)('req.rateLimit on %s', (version) => {
       res.status(429).send('x');
     });
     await serve(root, ['/mid/leaf/x', '/mid/leaf/x']);
-    expect(seen).toEqual({ root: 0, error: false });
+    expect(seen).toEqual({ proxy: 0, root: 0, error: false });
   });
 
   it('leaves every prototype alone for a request Express did not make, and works with Express’s request prototype frozen', async () => {

@@ -10,20 +10,21 @@ const ipKey = (req: Request): string => clientIpKey(req.ip);
 // Express gives every request its app's prototype (Object.setPrototypeOf), which leaves the request on a map of its own:
 // V8 then copies the map and its ~30 property descriptors for each property added to it, about 3 µs for a plain
 // `req.rateLimit = d` (of ~50 µs Express spends on a request; measured in-process). So the decision is kept in a
-// WeakMap by request and read through an accessor on the prototype that every app of this Express copy shares (the
-// first one up the chain without an own `app`), defined once. A request that already has an own `rateLimit` (assigned
-// by the app, or by another limiter), one Express did not make, or one whose prototype cannot take the accessor
-// (frozen) gets it assigned as before; assigning one (`req.rateLimit = x`) defines an own property, as without it.
+// WeakMap by the request's response (the same object whether the request is read directly or through a Proxy of it)
+// and read through an accessor on the prototype that every app of this Express copy shares (the first one up the
+// chain without an own `app`), defined once. A request that already has an own `rateLimit` (assigned by the app, or
+// by another limiter), one Express did not make, or one whose prototype cannot take the accessor (frozen) gets it
+// assigned as before; assigning one (`req.rateLimit = x`) defines an own property, as without it.
 const decisions = new WeakMap<object, Decision>();
 const accessorOn = new WeakSet<object>();
 const accessor: PropertyDescriptor = {
   configurable: true,
   enumerable: false,
   get(this: Request): Decision | undefined {
-    return decisions.get(this);
+    return decisions.get(this.res ?? this);
   },
   set(this: Request, value: unknown): void {
-    decisions.delete(this);
+    decisions.delete(this.res ?? this);
     Object.defineProperty(this, 'rateLimit', { value, writable: true, enumerable: true, configurable: true });
   },
 };
@@ -55,7 +56,7 @@ function hasAccessor(req: Request): boolean {
 }
 
 function publish(req: Request, d: Decision): void {
-  if (!Object.prototype.hasOwnProperty.call(req, 'rateLimit') && hasAccessor(req)) decisions.set(req, d);
+  if (!Object.prototype.hasOwnProperty.call(req, 'rateLimit') && hasAccessor(req)) decisions.set(req.res ?? req, d);
   else req.rateLimit = d;
 }
 
