@@ -449,6 +449,24 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('gives back an unsure acquire of a waiter named heir once the release that named it answers the lock went elsewhere', async () => {
+    const prefix = uniquePrefix('held-back');
+    const { redis, locks } = locker({ prefix, timeout: 300 });
+    const store = (locks as unknown as { store: Record<string, (...args: unknown[]) => void> }).store;
+    const names = lockNames(prefix, 'k');
+    // A release here named the waiter heir; the waiter's own acquire failed unsure, having taken the free key.
+    const token = 'W'.repeat(22);
+    await redis.set(names.lock, `${token} 1 1 0 `, 'PX', 10_000);
+    store.noteHeir!.call(store, token);
+    store.releaseUnsure!.call(store, names, token, 10_000, '');
+    // Put off while the lock may be the waiter's lease: the release has not answered.
+    expect(await redis.ping()).toBe('PONG');
+    expect(await redis.exists(names.lock)).toBe(1);
+    // It answers that Redis gave the lock to someone else: the waiter's key goes back now, not at its ttl.
+    store.notHandedTo!.call(store, token);
+    await until(async () => (await redis.exists(names.lock)) === 0, 2_000, 'the put-off give-back');
+  });
+
   it('drops an owner lease’s hold once, however often its release is sent (unsent, then timed out, then again): a re-entered hold stays', async () => {
     const prefix = uniquePrefix('owner-retry');
     // The client waits 400 ms between reconnect attempts: the unsent release's retry is due meanwhile.

@@ -62,6 +62,13 @@ function forgetLater(set: Set<string>, token: string, ms: number): void {
   setTimeout(() => set.delete(token), ms).unref();
 }
 
+/** An acquire to give back (its token, or with an owner its hold) until `until` (store clock): see releaseUnsure. */
+interface Unsure {
+  n: LockNames;
+  until: number;
+  hold: string;
+}
+
 /** Tokens of this process's waiters that left a line lately, remembered per locker (see RedisLockStore.left). */
 const LEFT_MAX = 1_024;
 
@@ -92,8 +99,10 @@ export class RedisLockStore implements LockStore {
   private readonly named = new Set<string>();
   // How many releases that named each of those are still to answer.
   private readonly naming = new Map<string, number>();
+  // Give-backs of named tokens' acquires put off while the lock may be theirs (see notHandedTo).
+  private readonly heldBack = new Map<string, Unsure>();
   // Tokens of acquires that failed after they were sent, with their names and until when to release them.
-  private readonly unsure = new Map<string, { n: LockNames; until: number; hold: string }>();
+  private readonly unsure = new Map<string, Unsure>();
   private unsureTimer: NodeJS.Timeout | undefined;
   private unsureDelay = 0;
   // What the first refusal of a waiter reported as ahead of it, until the waiter registers with waitHere.
@@ -127,8 +136,11 @@ export class RedisLockStore implements LockStore {
       // answers with the holder's token and added a hold to it, which its id names: releasing it drops just that hold.
       (late) => {
         const r = parseAttempt(late);
-        // Not a grant under our own token once a release here named it heir: the lock is that lease's now.
-        if (r.ok && !(r.token === token && this.named.has(token))) this.releaseScript(n, r.token, undefined, hold).catch(() => undefined);
+        if (!r.ok) return;
+        // Not a grant under our own token while a release here may have handed it the lock: that lease's now, or, if
+        // the release answers that it went elsewhere, given back then.
+        if (r.token === token && this.named.has(token)) this.holdBack(token, { n, until: this.now() + ttl, hold });
+        else this.releaseScript(n, r.token, undefined, hold).catch(() => undefined);
       },
       queue || hold !== ''
         ? (reply) => {
@@ -155,10 +167,20 @@ export class RedisLockStore implements LockStore {
    * id, `hold`, names it, whatever the token.)
    */
   private releaseUnsure(n: LockNames, token: string, ttl: number, hold: string): void {
-    if (this.named.has(token)) return;
+    const u = { n, until: this.now() + ttl, hold };
+    if (this.named.has(token)) {
+      this.holdBack(token, u);
+      return;
+    }
     makeRoom(this.unsure, LEFT_MAX);
-    this.unsure.set(token, { n, until: this.now() + ttl, hold });
+    this.unsure.set(token, u);
     this.sendUnsure(token);
+  }
+
+  /** Puts off the give-back of `token`'s acquire until the releases that named it heir have answered. */
+  private holdBack(token: string, u: Unsure): void {
+    makeRoom(this.heldBack, LEFT_MAX);
+    this.heldBack.set(token, u);
   }
 
   private sendUnsure(token: string): void {
@@ -167,6 +189,7 @@ export class RedisLockStore implements LockStore {
     // Named as a release's heir since (a hand-over that landed after the acquire failed): the lock may be its lease's.
     if (this.now() >= u.until || this.named.has(token)) {
       this.unsure.delete(token);
+      if (this.now() < u.until) this.holdBack(token, u);
       return;
     }
     this.call('release', () => this.releaseScript(u.n, token, undefined, u.hold)).then(
@@ -306,6 +329,12 @@ export class RedisLockStore implements LockStore {
     }
     this.naming.delete(heir);
     this.named.delete(heir);
+    const u = this.heldBack.get(heir);
+    if (u === undefined) return;
+    this.heldBack.delete(heir);
+    makeRoom(this.unsure, LEFT_MAX);
+    this.unsure.set(heir, u);
+    this.sendUnsure(heir);
   }
 
   /** A queued attempt of `token` was refused; `ahead`: the tokens ahead of it in the line, if the reply listed them. */
