@@ -296,6 +296,23 @@ describe('TokenBucket in memory, on its own clock', () => {
     expect(clock()).toBe(500);
   });
 
+  it('counts fractions of a ms again once fake timers that were on when hasp loaded are gone', async () => {
+    vi.useFakeTimers();
+    let fresh: typeof import('../../packages/core/src/util/clock.js');
+    try {
+      vi.resetModules();
+      fresh = await import('../../packages/core/src/util/clock.js');
+      expect(fresh.wallNow() % 1).toBe(0);
+    } finally {
+      vi.useRealTimers();
+    }
+    // Real time again: within a few ms some reading falls between whole ms.
+    const started = performance.now();
+    let fraction = false;
+    while (!fraction && performance.now() - started < 50) fraction = fresh.wallNow() % 1 !== 0;
+    expect(fraction).toBe(true);
+  });
+
   it('stands still under fake timers that replace only Date (no real fraction added to frozen time)', async () => {
     const bucket = new TokenBucket({ capacity: 10, rate: 10_000 });
     const frozen = Date.now();

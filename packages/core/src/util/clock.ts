@@ -3,6 +3,7 @@
 // operator's `date`): a step forward would free every in-memory lock under its holder, a step back would let a holder
 // believe in a lease that Redis has already expired. What other processes compare (a Redlock waiter's place, a fence
 // floor) stays on the wall clock.
+import { performance as nodePerformance } from 'node:perf_hooks';
 
 // Read once: from here on the monotonic clock counts. (Date.now() is whole ms, so this is at most 1 ms behind.) Read
 // again only when `performance.now` is replaced, or runs back: fake timers in a user's tests (Vitest, Jest, Sinon) put
@@ -48,12 +49,25 @@ export function subMsClock(dateNow: () => number, perfNow: () => number): () => 
   };
 }
 
-const nativeDateNow = Date.now;
-const nativePerfNow = performance.now;
-const nativeWall = subMsClock(
-  () => nativeDateNow.call(Date),
-  () => nativePerfNow.call(performance),
-);
+// The real clocks, whatever is installed when this module loads (fake timers may be, in a test setup file): the
+// monotonic one from the Performance prototype (fakes replace the global object or its own property), Date.now once it
+// is seen as native code (fakes are JavaScript).
+const realPerfNow = (Object.getPrototypeOf(nodePerformance) as { now: () => number }).now;
+let realDateNow: (() => number) | undefined;
+let realWall: (() => number) | undefined;
+if (isNative(Date.now)) seeRealDateNow(Date.now);
+
+function seeRealDateNow(now: () => number): void {
+  realDateNow = now;
+  realWall = subMsClock(
+    () => now.call(Date),
+    () => realPerfNow.call(nodePerformance),
+  );
+}
+
+function isNative(fn: unknown): boolean {
+  return typeof fn === 'function' && Function.prototype.toString.call(fn).includes('[native code]');
+}
 
 /**
  * `Date.now()` with the fraction of a ms the monotonic clock adds (see subMsClock): the in-memory token bucket counts
@@ -62,6 +76,11 @@ const nativeWall = subMsClock(
  * ms and stands still between steps, which a real fraction added to it would not.
  */
 export function wallNow(): number {
-  if (Date.now !== nativeDateNow || performance.now !== nativePerfNow) return Date.now();
-  return nativeWall();
+  if (Date.now !== realDateNow) {
+    // Faked, or real but not seen yet (this module loaded under fake timers).
+    if (realDateNow !== undefined || !isNative(Date.now)) return Date.now();
+    seeRealDateNow(Date.now);
+  }
+  if (performance.now !== realPerfNow) return Date.now();
+  return realWall!();
 }
