@@ -452,13 +452,13 @@ describe('RedisLock when Redis fails', () => {
   it('gives back an unsure acquire of a waiter named heir once the release that named it answers the lock went elsewhere', async () => {
     const prefix = uniquePrefix('held-back');
     const { redis, locks } = locker({ prefix, timeout: 300 });
-    const store = (locks as unknown as { store: Record<string, (...args: unknown[]) => void> }).store;
+    const store = (locks as unknown as { store: Record<string, (...args: unknown[]) => unknown> }).store;
     const names = lockNames(prefix, 'k');
     // A release here named the waiter heir; the waiter's own acquire failed unsure, having taken the free key.
     const token = 'W'.repeat(22);
     await redis.set(names.lock, `${token} 1 1 0 `, 'PX', 10_000);
     store.noteHeir!.call(store, token);
-    store.releaseUnsure!.call(store, names, token, 10_000, '');
+    store.releaseUnsure!.call(store, token, { n: names, until: (store.now!.call(store) as number) + 10_000, hold: '' });
     // Put off while the lock may be the waiter's lease: the release has not answered.
     expect(await redis.ping()).toBe('PONG');
     expect(await redis.exists(names.lock)).toBe(1);

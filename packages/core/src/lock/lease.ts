@@ -256,4 +256,3 @@ export class LeaseImpl implements Lease {
     this.extendTimer = undefined;
   }
 }
-

@@ -184,7 +184,6 @@ export abstract class BaseLocker implements Locker {
     // A lock a release in this process handed straight to us (see LockStore.waitHere), and how to stop waiting there.
     let handed: { grant: Grant; since: number } | undefined;
     let endWaitHere: ((acquired: boolean) => void) | undefined;
-    let handedSignal: Promise<typeof HANDED> | undefined;
     const onWake = (next: string) => {
       // A release names the waiter it is handed to; the others keep sleeping.
       if (next !== '' && next !== token) return;
@@ -272,7 +271,6 @@ export abstract class BaseLocker implements Locker {
           // Out of this process's line now (the hand-over took us out): wait in Redis's line, and join this one again
           // when refused.
           handed = undefined;
-          handedSignal = undefined;
           endWaitHere?.(false);
           endWaitHere = undefined;
           if (deadline - this.store.now() <= 0) throw tooSlow(this.store.now() - since);
@@ -285,7 +283,7 @@ export abstract class BaseLocker implements Locker {
         try {
           // Registered in this process's line: a release here may let us in while this attempt is on its way (say,
           // with Redis slow to answer). Take the lock then; the attempt's reply, or its failure, no longer matters.
-          result = await (handedSignal === undefined && abortSignal === undefined
+          result = await (endWaitHere === undefined && abortSignal === undefined
             ? attempt
             : new Promise<AttemptResult | typeof HANDED | typeof ABORTED>((resolve, reject) => {
                 interrupt = resolve;
@@ -328,12 +326,9 @@ export abstract class BaseLocker implements Locker {
         if (handed !== undefined) continue;
         if (queue && endWaitHere === undefined && this.store.waitHere !== undefined) {
           // We are in the line now: a release in this process may hand us the lock directly.
-          let onHanded!: (h: typeof HANDED) => void;
-          handedSignal = new Promise((resolve) => (onHanded = resolve));
           endWaitHere = this.store.waitHere(key, token, o.owner, o.ttl, (grant, since) => {
             handed = { grant, since };
             woken = true;
-            onHanded(HANDED);
             interrupt?.(HANDED);
             wake?.();
           });

@@ -2,13 +2,12 @@
 import { LockUnavailableError } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
-import { writeNow } from '../redis/auto-pipeline.js';
-import { sendPending, unexpectedReply } from '../redis/script.js';
+import { sendNow, unexpectedReply } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
-import { ACQUIRE, EXTEND, holdId, LEAVE, RELEASE, TRANSFER } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, holdId, LEAVE, RELEASE, releaseArgs, TRANSFER } from './scripts.lua.js';
 import type { AttemptResult, Grant, LockStore, Releasing } from './store.js';
 
 export { FENCE_RETENTION_MS, QUEUE_HEARTBEAT_MS } from './scripts.lua.js';
@@ -153,7 +152,7 @@ export class RedisLockStore implements LockStore {
             return hold === '' ? r : { ...r, hold };
           }
         : parseAttempt,
-      () => this.releaseUnsure(n, token, ttl, hold),
+      () => this.releaseUnsure(token, { n, until: this.now() + ttl, hold }),
     );
   }
 
@@ -166,8 +165,7 @@ export class RedisLockStore implements LockStore {
    * that gave up is freed by handedTo). (A same-owner acquire that re-entered added a hold to the holder's token: its
    * id, `hold`, names it, whatever the token.)
    */
-  private releaseUnsure(n: LockNames, token: string, ttl: number, hold: string): void {
-    const u = { n, until: this.now() + ttl, hold };
+  private releaseUnsure(token: string, u: Unsure): void {
     if (this.named.has(token)) {
       this.holdBack(token, u);
       return;
@@ -283,8 +281,7 @@ export class RedisLockStore implements LockStore {
   }
 
   flush(): void {
-    sendPending(this.client);
-    writeNow(this.client);
+    sendNow(this.client);
   }
 
   /** A release handed the lock to `heir`: give it the lease, or, if it gave up meanwhile, free the lock again. */
@@ -332,9 +329,7 @@ export class RedisLockStore implements LockStore {
     const u = this.heldBack.get(heir);
     if (u === undefined) return;
     this.heldBack.delete(heir);
-    makeRoom(this.unsure, LEFT_MAX);
-    this.unsure.set(heir, u);
-    this.sendUnsure(heir);
+    this.releaseUnsure(heir, u);
   }
 
   /** A queued attempt of `token` was refused; `ahead`: the tokens ahead of it in the line, if the reply listed them. */
@@ -386,10 +381,7 @@ export class RedisLockStore implements LockStore {
 
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
   private releaseScript(n: LockNames, token: string, heir?: LocalWaiter, hold = ''): Promise<unknown> {
-    if (heir === undefined) {
-      const args = hold === '' ? [token] : [token, '', '', '', '', hold];
-      return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], args);
-    }
+    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], releaseArgs(token, hold));
     this.noteHeir(heir.token);
     const args = [token, heir.token, heir.ttl, ownerName(heir.owner)];
     if (hold !== '') args.push('', hold);

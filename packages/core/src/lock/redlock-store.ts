@@ -9,15 +9,14 @@
 // reads a stored fence >= F: its own fence is larger. The floor (client clock, µs) only matters once a fence key expired.
 import { LockUnavailableError } from '../errors.js';
 import { bounded, boundedAll, type Outcome } from '../redis/call.js';
-import { writeNow } from '../redis/auto-pipeline.js';
-import { sendPending } from '../redis/script.js';
+import { sendNow } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
-import { ACQUIRE, EXTEND, holdId, LEAVE, RAISE_FENCE, RELEASE, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, holdId, LEAVE, RAISE_FENCE, RELEASE, releaseArgs, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
 import type { AttemptResult, Held, LockStore } from './store.js';
 
 /** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
@@ -179,7 +178,7 @@ export class RedlockStore implements LockStore {
     // refused meanwhile answers 2, and gets a WAKE (see RELEASE).
     const name = shared ? undefined : this.queued.get(token);
     const keys = name === undefined ? [n.lock] : [n.lock, n.queue, n.deadlines];
-    const args = name === undefined && hold === '' ? [token] : [token, '', 0, '', name ?? '', hold];
+    const args = releaseArgs(token, hold, name);
     const outcomes = await boundedAll(
       this.clients,
       this.s.timeout,
@@ -242,10 +241,7 @@ export class RedlockStore implements LockStore {
   }
 
   flush(): void {
-    for (const client of this.clients) {
-      sendPending(client);
-      writeNow(client);
-    }
+    for (const client of this.clients) sendNow(client);
   }
 
   close(): void {
@@ -450,12 +446,12 @@ export class RedlockStore implements LockStore {
    * an owner, the hold named `hold`.
    */
   private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number, hold = ''): Promise<unknown> {
-    const args = hold === '' ? [token] : [token, '', '', '', '', hold];
+    const args = releaseArgs(token, hold);
     return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], args));
   }
 
   /** Sends a release that failed on nodes `nodes` again, backing off, until each takes it or `until` (store clock). */
-  private releaseLater(nodes: number[], n: LockNames, keys: string[], args: (string | number)[], until: number, delay: number): void {
+  private releaseLater(nodes: number[], n: LockNames, keys: string[], args: string[], until: number, delay: number): void {
     const left = until - this.now();
     if (left <= 0) return;
     const next = backoff(delay, RESEND_FIRST_MS, RESEND_MAX_MS);

@@ -19,6 +19,14 @@ export function holdId(token: string, owner: string): string {
   return owner === '' ? '' : token.slice(0, HOLD_ID_LENGTH);
 }
 
+/**
+ * RELEASE's arguments without an heir: the token, and when given, the name the holder kept in the line (Redlock) and
+ * its hold's id (a lock with an owner).
+ */
+export function releaseArgs(token: string, hold = '', leaving = ''): string[] {
+  return hold === '' && leaving === '' ? [token] : [token, '', '', '', leaving, hold];
+}
+
 /** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
 export const FENCE_RETENTION_MS = 3_600_000;
 

@@ -107,28 +107,28 @@ export class TokenBucket {
    *   {@link RateLimitUnavailableError} when Redis cannot answer
    */
   take(key: string, cost = 1): Promise<Decision> {
-    // A bad argument rejects, as the lockers' calls do, rather than throwing before a promise exists: code that only
-    // handles the promise's failure (`.catch`, a rejected `await`) sees it either way.
-    try {
-      return this.store.take(v.key(key), this.cost(cost), true);
-    } catch (error) {
-      return Promise.reject(error as Error);
-    }
+    return this.decide(key, cost, true);
   }
 
   /** What {@link TokenBucket.take} would decide now; consumes nothing. */
   peek(key: string, cost = 1): Promise<Decision> {
-    try {
-      return this.store.take(v.key(key), this.cost(cost), false);
-    } catch (error) {
-      return Promise.reject(error as Error);
-    }
+    return this.decide(key, cost, false);
   }
 
   /** Refills `key`'s bucket (e.g. after a successful login). */
   reset(key: string): Promise<void> {
     try {
       return this.store.reset(v.key(key));
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
+  }
+
+  private decide(key: string, cost: unknown, commit: boolean): Promise<Decision> {
+    // A bad argument rejects, as the lockers' calls do, rather than throwing before a promise exists: code that only
+    // handles the promise's failure (`.catch`, a rejected `await`) sees it either way.
+    try {
+      return this.store.take(v.key(key), this.cost(cost), commit);
     } catch (error) {
       return Promise.reject(error as Error);
     }

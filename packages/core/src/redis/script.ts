@@ -10,7 +10,7 @@
 // batch form of its own for merged calls of that script alone (the token bucket's take: an HTTP server's requests).
 import { createHash } from 'node:crypto';
 import type { RedisClient } from '../types.js';
-import { batchWrites, sendIfFull } from './auto-pipeline.js';
+import { batchWrites, sendIfFull, writeNow } from './auto-pipeline.js';
 import { unavailable } from './call.js';
 
 // The scripts each connection has been sent with EVAL. Keyed by the client's socket, so after a reconnect (perhaps to a
@@ -304,6 +304,15 @@ export function sendPending(client: RedisClient): void {
   const stream = (client as { stream?: object }).stream;
   const batch = stream === undefined ? undefined : open.get(stream);
   if (batch !== undefined) flushBatch(batch);
+}
+
+/**
+ * Sends the calls made so far on `client` and writes its socket out now, not merged with later calls at the end of the
+ * callback or turn: for a release that must reach Redis before what the process writes next elsewhere.
+ */
+export function sendNow(client: RedisClient): void {
+  sendPending(client);
+  writeNow(client);
 }
 
 function flushBatch(batch: Batch, late = false): void {

@@ -6,7 +6,10 @@ export function makeRoom<K>(entries: Map<K, unknown> | Set<K>, max: number): voi
   if (entries.size >= max) entries.delete(entries.keys().next().value as K);
 }
 
-/** Delays of a release sent again after it failed: a lease's own (LeaseImpl) and an unsure acquire's (RedisLockStore). */
+/**
+ * Delays of a release sent again after it failed: a lease's own (LeaseImpl), an unsure acquire's (RedisLockStore), and
+ * Redlock's to the nodes it failed on (RedlockStore).
+ */
 export const RESEND_FIRST_MS = 100;
 export const RESEND_MAX_MS = 1_000;
 
