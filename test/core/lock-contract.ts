@@ -508,6 +508,55 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         await free!.release();
       });
 
+      it('ends a nested lease at its own ttl: left unreleased, it does not keep the lock once the others are released', async () => {
+        const key = freshKey('nested-ttl');
+        const other = fx.newConnectionLocker();
+        const outer = await fx.locker.acquire(key, { owner: 'worker-1', ttl: 10_000 });
+        const inner = await other.acquire(key, { owner: 'worker-1', ttl: 300 });
+        expect(inner.token).toBe(outer.token);
+        expect(inner.expiresAt).toBeLessThan(outer.expiresAt - 5_000);
+        expect(await abortReason(inner.signal, 5_000)).toBeInstanceOf(LockLostError);
+        expect(await other.tryAcquire(key, { owner: 'worker-2' })).toBeNull(); // the outer lease still holds
+        expect(await outer.release()).toBe(true);
+        // Free within the inner hold's own end (a few ms after its lease's, by the store's clock), not the outer's ttl.
+        const started = Date.now();
+        const next = await other.acquire(key, { owner: 'worker-2', wait: 3_000 });
+        expect(Date.now() - started).toBeLessThan(3_000);
+        expect(next.fence).toBeGreaterThan(outer.fence);
+        await next.release();
+      });
+
+      it('ends a hold that is never released with its ttl, though its owner keeps re-entering: another owner gets in meanwhile', async () => {
+        const key = freshKey('stuck-hold');
+        const other = fx.newConnectionLocker();
+        // Its process "crashed": never released, never extended.
+        const crashed = await fx.locker.acquire(key, { owner: 'worker-1', ttl: 300 });
+        let stop = false;
+        let reentries = 0;
+        let nested = 0;
+        const reentering = (async () => {
+          const end = Date.now() + 6_000;
+          while (!stop && Date.now() < end) {
+            // Waits in line like anyone once another owner is first.
+            const lease = await other.acquire(key, { owner: 'worker-1', ttl: 1_000, wait: 6_000 });
+            reentries++;
+            if (lease.token === crashed.token) nested++;
+            await (fx.roundTrip?.() ?? immediate());
+            await lease.release();
+          }
+        })();
+        const started = Date.now();
+        const next = await fx.locker.acquire(key, { owner: 'worker-2', wait: 4_000 });
+        const waited = Date.now() - started;
+        stop = true;
+        await next.release();
+        await within(reentering, 8_000, 'the re-entering loop to stop');
+        expect(nested).toBeGreaterThan(0);
+        expect(reentries).toBeGreaterThan(nested - 1);
+        expect(next.fence).toBeGreaterThan(crashed.fence);
+        expect(waited).toBeLessThan(4_000);
+      });
+
       it('re-enters for exactly the same owner, whatever the owner contains', async () => {
         // Owners that look like the lock's own record, separators, escapes, and lone surrogates (which a UTF-8 encoder
         // would turn into the same U+FFFD): each must re-enter only as itself.

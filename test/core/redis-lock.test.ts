@@ -942,3 +942,106 @@ describe('RedisLock waiters and the heap', () => {
     await holder.release();
   });
 });
+
+describe('RedisLock holds of a lock with an owner', () => {
+  let node: RedisNode;
+  let admin: Redis;
+  const clients: Redis[] = [];
+  const lockers: RedisLock[] = [];
+
+  beforeAll(async () => {
+    node = await startRedis();
+    admin = node.client();
+  });
+  afterEach(async () => {
+    for (const l of lockers.splice(0)) l.close();
+    for (const c of clients.splice(0)) c.disconnect();
+  });
+  afterAll(() => {
+    admin.disconnect();
+  });
+
+  const locker = (prefix: string): RedisLock => {
+    const client = node.client();
+    const locks = new RedisLock(client, { prefix });
+    clients.push(client);
+    lockers.push(locks);
+    return locks;
+  };
+  /** The lock's holds on the server: id → deadline (server ms; Infinity for one written without a deadline). */
+  const holdsOf = async (prefix: string): Promise<Map<string, number>> => {
+    const value = await admin.get(lockNames(prefix, 'k').lock);
+    const holds = new Map<string, number>();
+    for (const h of value?.split(' ')[2]?.split(',') ?? []) {
+      const [id, deadline] = h.split(':');
+      holds.set(id!, deadline === undefined ? Infinity : Number(deadline));
+    }
+    return holds;
+  };
+  const serverMs = async (): Promise<number> => {
+    const [s, us] = await admin.time();
+    return Number(s) * 1_000 + Math.floor(Number(us) / 1_000);
+  };
+
+  it('extends a nested lease’s own hold; one whose hold ended is lost though the lock is held, and the last release frees it', async () => {
+    const prefix = uniquePrefix('own-deadline');
+    const locks = locker(prefix);
+    const outer = await locks.acquire('k', { owner: 'job', ttl: 10_000 });
+    const inner = await locks.acquire('k', { owner: 'job', ttl: 2_000 });
+    let holds = await holdsOf(prefix);
+    expect(holds.size).toBe(2);
+    const [outerId, innerId] = [...holds.keys()] as [string, string];
+    const now = await serverMs();
+    expect(holds.get(outerId)! - now).toBeGreaterThan(9_000);
+    expect(holds.get(innerId)! - now).toBeLessThanOrEqual(2_000);
+
+    await inner.extend(8_000);
+    holds = await holdsOf(prefix);
+    expect(holds.get(innerId)! - now).toBeGreaterThan(7_000);
+    expect(holds.get(innerId)! - now).toBeLessThan(9_000);
+    expect(holds.get(outerId)! - now).toBeGreaterThan(9_000); // the outer hold is its own
+
+    // The inner hold's deadline passes on the server (behind the lease's back): extending it finds it ended.
+    const value = (await admin.get(lockNames(prefix, 'k').lock))!;
+    await admin.set(lockNames(prefix, 'k').lock, value.replace(`${innerId}:${holds.get(innerId)}`, `${innerId}:${now - 1}`), 'KEEPTTL');
+    expect(await rejection(inner.extend())).toBeInstanceOf(LockLostError);
+    await outer.extend();
+    expect(await locker(prefix).tryAcquire('k', { owner: 'other' })).toBeNull();
+    // The ended hold goes with the outer one's release, which frees the lock.
+    expect(await outer.release()).toBe(true);
+    expect(await admin.exists(lockNames(prefix, 'k').lock)).toBe(0);
+  });
+
+  it('lets the key expire with its latest hold: a release shortens it to the holds that remain', async () => {
+    const prefix = uniquePrefix('latest-hold');
+    const locks = locker(prefix);
+    const long = await locks.acquire('k', { owner: 'job', ttl: 20_000 });
+    const short = await locks.acquire('k', { owner: 'job', ttl: 3_000 });
+    expect(await admin.pttl(lockNames(prefix, 'k').lock)).toBeGreaterThan(15_000);
+    await long.release();
+    const left = await admin.pttl(lockNames(prefix, 'k').lock);
+    expect(left).toBeGreaterThan(0);
+    expect(left).toBeLessThanOrEqual(3_000);
+    await short.release();
+    expect(await admin.exists(lockNames(prefix, 'k').lock)).toBe(0);
+  });
+
+  it('keeps a hold written without a deadline (an earlier version’s) for as long as the key lives', async () => {
+    const prefix = uniquePrefix('no-deadline');
+    const names = lockNames(prefix, 'k');
+    const locks = locker(prefix);
+    const lease = await locks.acquire('k', { owner: 'job', ttl: 5_000 });
+    const value = (await admin.get(names.lock))!;
+    const [token, fence, , waiters, ...owner] = value.split(' ');
+    await admin.set(names.lock, [token, fence, 'abcdefgh', waiters, owner.join(' ')].join(' '), 'PX', 5_000);
+    // Its hold is gone (rewritten away): the lease is lost, and the old-style hold keeps the key.
+    expect(await rejection(lease.extend())).toBeInstanceOf(LockLostError);
+    const nested = await locks.acquire('k', { owner: 'job', ttl: 1_000 });
+    expect(nested.token).toBe(token);
+    expect((await holdsOf(prefix)).get('abcdefgh')).toBe(Infinity);
+    expect(await admin.pttl(names.lock)).toBeGreaterThan(3_000);
+    expect(await nested.release()).toBe(true);
+    expect(await admin.pttl(names.lock)).toBeGreaterThan(3_000);
+    expect((await holdsOf(prefix)).size).toBe(1);
+  });
+});

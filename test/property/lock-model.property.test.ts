@@ -30,9 +30,9 @@ const TTLS = [60_000, 120_000, 300_000] as const;
 interface ModelLock {
   id: number;
   owner: string | undefined;
-  holds: number;
+  /** Each lease's hold (by its index in `leases`) and when it ends: nested leases end on their own. */
+  holds: Map<number, number>;
   fence: number;
-  expiresAt: number;
 }
 
 interface ModelLease {
@@ -63,12 +63,22 @@ interface Real {
   clock: { t: number };
 }
 
-/** The key's lock if it has not expired (in real time nothing expires during a run: ttls are a minute or more). */
+/**
+ * The key's lock if a hold of it has not ended, without those that have (in real time nothing expires during a run:
+ * ttls are a minute or more).
+ */
 function liveLock(m: Model, key: string): ModelLock | undefined {
   const lock = m.locks.get(key);
-  if (!m.exactTime || (lock && lock.expiresAt > m.now)) return lock;
+  if (!m.exactTime || !lock) return lock;
+  for (const [lease, end] of lock.holds) if (end <= m.now) lock.holds.delete(lease);
+  if (lock.holds.size > 0) return lock;
   m.locks.delete(key);
   return undefined;
+}
+
+/** When the lock ends: with its latest hold. */
+function lockEnd(lock: ModelLock): number {
+  return Math.max(...lock.holds.values());
 }
 
 /** In real time (Redis), the model's clock is the wall clock. */
@@ -89,7 +99,7 @@ function checkInvariants(m: Model, r: Real): void {
     if (valid.length > 0) {
       expect(lock, `a valid lease on ${key} has a live lock`).toBeDefined();
       expect([...tokens][0]).toBe(r.tokens.get(lock!.id));
-      if (m.exactTime) for (const l of valid) expect(l.expiresAt).toBeLessThanOrEqual(lock!.expiresAt);
+      if (m.exactTime) for (const l of valid) expect(l.expiresAt).toBeLessThanOrEqual(lockEnd(lock!));
     }
   }
   for (const [i, lease] of r.leases.entries()) {
@@ -132,7 +142,7 @@ class AcquireCommand implements fc.AsyncCommand<Model, Real> {
         const error = await rejection(call);
         expect(error).toBeInstanceOf(LockBusyError);
         expect(error).toMatchObject({ code: 'LOCK_BUSY', key: this.key });
-        if (m.exactTime) expect((error as LockBusyError).retryAfter).toBe(lock.expiresAt - m.now);
+        if (m.exactTime) expect((error as LockBusyError).retryAfter).toBe(lockEnd(lock) - m.now);
       }
       return;
     }
@@ -142,26 +152,25 @@ class AcquireCommand implements fc.AsyncCommand<Model, Real> {
     expect(lease!.signal.aborted).toBe(false);
     let held: ModelLock;
     if (lock) {
-      // Re-entered by the same owner: same lock, same token and fence, one more hold.
+      // Re-entered by the same owner: same lock, same token and fence, one more hold (of its own ttl).
       held = lock;
-      held.holds++;
-      held.expiresAt = Math.max(held.expiresAt, m.now + this.ttl);
+      held.holds.set(m.leases.length, m.now + this.ttl);
       expect(lease!.token).toBe(r.tokens.get(held.id));
       expect(lease!.fence).toBe(held.fence);
     } else {
       // A new lock: a fence above every earlier one on this key.
       expect(lease!.fence).toBeGreaterThan(m.lastFence.get(this.key) ?? 0);
-      held = { id: m.nextId++, owner: this.owner, holds: 1, fence: lease!.fence, expiresAt: m.now + this.ttl };
+      held = { id: m.nextId++, owner: this.owner, holds: new Map([[m.leases.length, m.now + this.ttl]]), fence: lease!.fence };
       m.lastFence.set(this.key, lease!.fence);
       m.locks.set(this.key, held);
       r.tokens.set(held.id, lease!.token);
       expect(lease!.token.length).toBeGreaterThanOrEqual(22);
     }
-    if (m.exactTime) expect(lease!.expiresAt).toBe(held.expiresAt);
+    if (m.exactTime) expect(lease!.expiresAt).toBe(m.now + this.ttl);
     else {
-      // Redis: the lock's remaining time as the server saw it, less drift: at least this ttl, at most the longest.
+      // Redis: its hold's ttl as the server saw it, less drift.
       expect(lease!.expiresAt).toBeGreaterThan(before + this.ttl * 0.98 - 10);
-      expect(lease!.expiresAt).toBeLessThanOrEqual(Date.now() + Math.max(...TTLS));
+      expect(lease!.expiresAt).toBeLessThanOrEqual(Date.now() + this.ttl);
     }
     m.leases.push({ key: this.key, lockId: held.id, fence: held.fence, expiresAt: lease!.expiresAt, released: false, lost: false });
     r.leases.push(lease!);
@@ -188,9 +197,10 @@ class ReleaseCommand implements fc.AsyncCommand<Model, Real> {
     if (!ml.released) {
       ml.released = true;
       const lock = liveLock(m, ml.key);
-      if (lock && lock.id === ml.lockId) {
+      // Its own hold must not have ended (others of the lock may hold on).
+      if (lock && lock.id === ml.lockId && lock.holds.delete(i)) {
         expected = true;
-        if (--lock.holds === 0) m.locks.delete(ml.key);
+        if (lock.holds.size === 0) m.locks.delete(ml.key);
       }
     }
     expect(await r.leases[i]!.release(), `release of lease ${i}`).toBe(expected);
@@ -223,10 +233,12 @@ class ExtendCommand implements fc.AsyncCommand<Model, Real> {
       return;
     }
     const lock = liveLock(m, ml.key);
-    if (lock && lock.id === ml.lockId) {
+    const end = lock?.id === ml.lockId ? lock.holds.get(i) : undefined;
+    if (lock && end !== undefined) {
       await lease.extend(this.ttl);
-      lock.expiresAt = Math.max(lock.expiresAt, m.now + this.ttl);
-      if (m.exactTime) ml.expiresAt = Math.max(ml.expiresAt, lock.expiresAt);
+      // Its own hold (nested leases end on their own).
+      lock.holds.set(i, Math.max(end, m.now + this.ttl));
+      if (m.exactTime) ml.expiresAt = lock.holds.get(i)!;
       else ml.expiresAt = lease.expiresAt;
     } else {
       // The lock expired (or was freed and taken by another): the lease is lost for good.

@@ -51,7 +51,7 @@ export class Nodes {
   async lockOn(i: number, prefix: string, key: string): Promise<Record<'t' | 'f' | 'n' | 'w' | 'o', string> | null> {
     const v = await this.admins[i]!.get(lockNames(prefix, key).lock);
     if (v === null) return null;
-    const m = /^(\S+) (\d+) (1|[\w-]{8}(?:,[\w-]{8})*) (\d) ([\s\S]*)$/.exec(v);
+    const m = /^(\S+) (\d+) (1|[\w-]{8}:\d+(?:,[\w-]{8}:\d+)*) (\d) ([\s\S]*)$/.exec(v);
     if (m === null) throw new Error(`unexpected lock value on node ${i}: ${JSON.stringify(v)}`);
     return { t: m[1]!, f: m[2]!, n: String(m[3]!.split(',').length), w: m[4]!, o: m[5]! };
   }

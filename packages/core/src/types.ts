@@ -20,7 +20,7 @@ export interface AcquireOptions {
   wait?: number | undefined;
   /**
    * Reentrancy: acquiring a key already held by the same owner returns a nested lease on the same lock
-   * (same token and fence). The lock is freed when every nested lease is released.
+   * (same token and fence), with its own ttl. The lock is freed when every nested lease is released or has run out.
    * @default none: every acquire is its lock's only hold
    */
   owner?: string | undefined;

@@ -1,11 +1,13 @@
 // LockStore in this process's memory: the embedded default, and the reference the Redis backends are tested against.
 import { QUEUE_HEARTBEAT_MS } from './redis-store.js';
-import type { AttemptResult, LockStore } from './store.js';
+import { holdId } from './scripts.lua.js';
+import type { AttemptResult, Held as Lease, LockStore } from './store.js';
 
 interface Held {
   token: string;
   owner: string;
-  holds: number;
+  /** With an owner, its holds as on Redis: hold id → deadline; each ends on its own, the lock with the latest. */
+  holds: Map<string, number> | undefined;
   fence: number;
   expiresAt: number;
 }
@@ -28,9 +30,14 @@ export class MemoryLockStore implements LockStore {
     const cur = this.live(key, now);
     if (cur) {
       if ((owner !== '' && cur.owner === owner) || cur.token === token) {
-        if (cur.token !== token) cur.holds++;
-        cur.expiresAt = Math.max(cur.expiresAt, now + ttl);
-        const grant = { ok: true, token: cur.token, fence: cur.fence, ttl: cur.expiresAt - now } as const;
+        if (cur.holds === undefined) {
+          cur.expiresAt = Math.max(cur.expiresAt, now + ttl);
+          return Promise.resolve({ ok: true, token: cur.token, fence: cur.fence, ttl: cur.expiresAt - now });
+        }
+        const hold = holdId(token, owner);
+        cur.holds.set(hold, now + ttl);
+        cur.expiresAt = latest(cur.holds, now);
+        const grant = { ok: true, token: cur.token, fence: cur.fence, ttl, hold } as const;
         return Promise.resolve(cur.token === token ? grant : { ...grant, nested: true });
       }
       if (queue) this.join(key, token, now);
@@ -43,24 +50,49 @@ export class MemoryLockStore implements LockStore {
     }
     if (head !== undefined) this.dequeue(key, token);
     const fence = ++this.lastFence;
-    this.locks.set(key, { token, owner, holds: 1, fence, expiresAt: now + ttl });
-    return Promise.resolve({ ok: true, token, fence, ttl });
+    const hold = holdId(token, owner);
+    if (hold === '') {
+      this.locks.set(key, { token, owner, holds: undefined, fence, expiresAt: now + ttl });
+      return Promise.resolve({ ok: true, token, fence, ttl });
+    }
+    this.locks.set(key, { token, owner, holds: new Map([[hold, now + ttl]]), fence, expiresAt: now + ttl });
+    return Promise.resolve({ ok: true, token, fence, ttl, hold });
   }
 
-  extend(key: string, token: string, ttl: number): Promise<number | null> {
+  extend(key: string, token: string, ttl: number, held?: Lease): Promise<number | null> {
     const now = this.clock();
     const cur = this.live(key, now);
     if (!cur || cur.token !== token) return Promise.resolve(null);
-    cur.expiresAt = Math.max(cur.expiresAt, now + ttl);
-    return Promise.resolve(cur.expiresAt - now);
+    if (cur.holds === undefined) {
+      cur.expiresAt = Math.max(cur.expiresAt, now + ttl);
+      return Promise.resolve(cur.expiresAt - now);
+    }
+    const hold = held?.hold ?? '';
+    const own = cur.holds.get(hold);
+    if (own === undefined || own <= now) return Promise.resolve(null);
+    const deadline = Math.max(own, now + ttl);
+    cur.holds.set(hold, deadline);
+    cur.expiresAt = latest(cur.holds, now);
+    return Promise.resolve(deadline - now);
   }
 
-  release(key: string, token: string): Promise<boolean> {
-    const cur = this.live(key, this.clock());
+  release(key: string, token: string, _from?: unknown, _shared?: boolean, hold = ''): Promise<boolean> {
+    const now = this.clock();
+    const cur = this.live(key, now);
     if (!cur || cur.token !== token) return Promise.resolve(false);
-    if (--cur.holds > 0) return Promise.resolve(true);
+    if (cur.holds !== undefined) {
+      // A hold that has ended is not released: its lease is over, as on Redis (others of the lock may hold on).
+      const own = cur.holds.get(hold);
+      if (own === undefined || own <= now) return Promise.resolve(false);
+      cur.holds.delete(hold);
+      const until = latest(cur.holds, now);
+      if (until > now) {
+        cur.expiresAt = until;
+        return Promise.resolve(true);
+      }
+    }
     this.locks.delete(key);
-    this.wake(key, this.firstLive(key, this.clock()) ?? '');
+    this.wake(key, this.firstLive(key, now) ?? '');
     return Promise.resolve(true);
   }
 
@@ -157,4 +189,14 @@ export class MemoryLockStore implements LockStore {
       if (held.expiresAt <= now) this.locks.delete(key);
     }
   }
+}
+
+/** Drops the holds that have ended by `now`; the latest deadline of the others (0 when none is left). */
+function latest(holds: Map<string, number>, now: number): number {
+  let last = 0;
+  for (const [id, deadline] of holds) {
+    if (deadline <= now) holds.delete(id);
+    else if (deadline > last) last = deadline;
+  }
+  return last;
 }

@@ -8,7 +8,7 @@ import type { RedisClient } from '../types.js';
 import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
 import { ACQUIRE, EXTEND, holdId, LEAVE, RELEASE, releaseArgs, TRANSFER } from './scripts.lua.js';
-import type { AttemptResult, Grant, LockStore, Releasing } from './store.js';
+import type { AttemptResult, Grant, Held, LockStore, Releasing } from './store.js';
 
 export { FENCE_RETENTION_MS, QUEUE_HEARTBEAT_MS } from './scripts.lua.js';
 
@@ -212,9 +212,10 @@ export class RedisLockStore implements LockStore {
     await this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token]));
   }
 
-  async extend(key: string, token: string, ttl: number): Promise<number | null> {
+  async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
     const n = lockNames(this.prefix, key);
-    const left = Number(await this.call('extend', () => EXTEND.run(this.client, [n.lock], [token, ttl])));
+    const args = held === undefined || held.hold === '' ? [token, ttl] : [token, ttl, held.hold];
+    const left = Number(await this.call('extend', () => EXTEND.run(this.client, [n.lock], args)));
     return left < 0 ? null : left;
   }
 

@@ -123,7 +123,7 @@ export class RedlockStore implements LockStore {
     const q = this.s.quorum;
     const timeout = this.nodeTimeout(ttl);
     const keys = [n.lock];
-    const args = [token, ttl];
+    const args = held === undefined || held.hold === '' ? [token, ttl] : [token, ttl, held.hold];
     // Nodes that answered, after the round was decided, that they no longer held the lock; then how to restore it there.
     const lateMissing: number[] = [];
     let restore: ((i: number) => void) | undefined;
@@ -200,7 +200,7 @@ export class RedlockStore implements LockStore {
     // tell (enough nodes no longer held the lock).
     if (failedCount(outcomes) > this.clients.length - q) throw this.unavailable('release', outcomes);
     // Decided without the nodes that failed (down, or reconnecting: then it never went out there): the lock stays on
-    // them until its ttl, voting against everyone, and with an owner its re-entries there would keep it alive. Sent
+    // them until its ttl (with an owner, the hold's), voting against everyone. Sent
     // again to them in the background until they take it or the lease would have ended (harmless where it ran: by
     // token, or by the hold's id).
     const failed = outcomes.flatMap((o, i) => (o !== undefined && !o.ok ? [i] : []));

@@ -1,13 +1,16 @@
 // Lua for the Redis lock backends (RedisLock and each Redlock node). A lock is one string at the key stem,
 // "<token> <fence> <holds> <waiters> <owner>" (owner last: it may contain anything), so a free key is taken by a single
 // SET NX PX and freed by GET + DEL; a hash costs two more calls per cycle, and each call inside a script costs about as
-// much as the script call itself. `holds` is '1' for a lock without an owner (its one hold); with an owner, the ids of
-// its holds, comma-separated: each acquire that takes or re-enters it adds its own (the first HOLD_ID_LENGTH characters
-// of the token it was sent with), each release removes its own. A command run twice (ioredis sends again, after a
-// reconnect, what was sent but not answered; a Cluster client, what failed with "Connection is closed") then changes
-// nothing the second time, where a count would gain or lose a hold nobody has: a second holder, or a lock held for its
-// ttl by nobody. `waiters` is 1 once someone was refused while it was held: only then does a release
-// look for somebody to wake. The last fence handed out lives in `stem:f`, which outlives the lock so fences keep
+// much as the script call itself. `holds` is '1' for a lock without an owner (its one hold); with an owner, its holds,
+// comma-separated, each `<id>:<deadline>`: each acquire that takes or re-enters it adds its own, named by the first
+// HOLD_ID_LENGTH characters of the token it was sent with, and each release removes its own. A command run twice
+// (ioredis sends again, after a reconnect, what was sent but not answered; a Cluster client, what failed with
+// "Connection is closed") then changes nothing the second time, where a count would gain or lose a hold nobody has: a
+// second holder, or a lock held for its ttl by nobody. Each hold ends at its own deadline (this server's clock, ms),
+// which its lease's extensions push out, and the key lives until the latest: a hold that is never released (its
+// process crashed) ends with its lease, though the owner's other holds come and go, where one shared expiry would keep
+// it for as long as they kept coming. `waiters` is 1 once someone was refused while it was held: only then does a
+// release look for somebody to wake. The last fence handed out lives in `stem:f`, which outlives the lock so fences keep
 // growing; waiters queue in `stem:q` and `stem:d`.
 import { Script } from '../redis/script.js';
 
@@ -71,18 +74,37 @@ local heartbeat = ${QUEUE_HEARTBEAT_MS}  -- ms a queued waiter stays queued with
 local grace = ${FREE_HEAD_GRACE_MS}  -- ms those ahead keep their places once the lock is free and someone behind asks
 `;
 
-// A new lock's holds: its one hold, named by the id of the acquire that took it when it has an owner (see the top).
-// `without` drops one hold id from a lock's holds: the rest ('' when none is left), or nil when it is not among them.
-const HOLDS = `
-local function firstHold(t, o)
-  if o == '' then return '1' end
-  return string.sub(t, 1, ${HOLD_ID_LENGTH})
+// `kept(holds, ms, id)` reads a lock's holds (with an owner) at this server's time `ms`: those that have not ended, less
+// the one named `id`, comma-separated ('' when none); the latest deadline among them (0 when none); and `id`'s own
+// deadline, or nil when it is not among them. A hold without a deadline (written by an earlier version of these
+// scripts) lasts as long as the key: its deadline reads as math.huge.
+const KEPT = `
+local function kept(holds, ms, id)
+  local out, last, own = {}, 0, nil
+  for h in string.gmatch(holds, '[^,]+') do
+    local hid, d = string.match(h, '^([^:]+):?(%d*)$')
+    d = tonumber(d) or math.huge
+    if hid == id then
+      own = d
+    elseif d > ms then
+      out[#out + 1] = h
+      if d > last then last = d end
+    end
+  end
+  return table.concat(out, ','), last, own
 end
-local function without(holds, id)
-  local s = ',' .. holds .. ','
-  local i = string.find(s, ',' .. id .. ',', 1, true)
-  if not i then return nil end
-  return string.sub(string.sub(s, 1, i) .. string.sub(s, i + #id + 2), 2, -2)
+`;
+
+// A new lock's holds: its one hold, with an owner named by the id of the acquire that took it and ending with its ttl
+// (see the top). Needs clock().
+const HOLDS = `${KEPT}
+local function msNow()
+  now = now or clock()
+  return math.floor(now / 1000)
+end
+local function firstHold(t, o, ttl)
+  if o == '' then return '1' end
+  return string.sub(t, 1, ${HOLD_ID_LENGTH}) .. ':' .. string.format('%d', msNow() + ttl)
 end
 `;
 
@@ -93,12 +115,12 @@ end
 // missing from a node it could not reach) are put right by that waiter's next attempt, which joins where it is missing.
 // Every script declares `local now = nil` (server µs, read once) before including these; the hot paths run before
 // them, since defining them costs time too.
-const FIRST_LIVE = `${HOLDS}
+const FIRST_LIVE = `
 local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function parse(v)
+${HOLDS}local function parse(v)
   return string.match(v, '^(%S+) (%d+) (%S+) (%d) (.*)$')
 end
 local function record(t, f, n, w, o)
@@ -112,7 +134,7 @@ local function fenced(lockKey, fenceKey, t, o, f, ttl, retention, waiters)
   if tonumber(f) <= last then
     f = string.format('%d', last + 1)
     redis.call('SET', fenceKey, f, 'PX', ttl + retention)
-    redis.call('SET', lockKey, record(t, f, firstHold(t, o), waiters, o), 'XX', 'KEEPTTL')
+    redis.call('SET', lockKey, record(t, f, firstHold(t, o, ttl), waiters, o), 'XX', 'KEEPTTL')
   end
   return f
 end
@@ -168,13 +190,18 @@ if queue == '' or redis.call('EXISTS', queueKey) == 0 then
   -- RedisLock proposes the server clock in µs, concatenated from TIME's two strings (a third of what converting them
   -- to a number and formatting it costs); Redlock sends the floor the client chose for all its nodes.
   local f = floor
+  local t
   if f == '' then
-    local t = redis.call('TIME')
+    t = redis.call('TIME')
     f = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
   end
-  -- A lock with an owner is named by this acquire's hold (see the top).
+  -- A lock with an owner holds by this acquire's hold, which ends with its ttl (see the top).
   local holds = '1'
-  if owner ~= '' then holds = string.sub(token, 1, ${HOLD_ID_LENGTH}) end
+  if owner ~= '' then
+    t = t or redis.call('TIME')
+    local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    holds = string.sub(token, 1, ${HOLD_ID_LENGTH}) .. ':' .. string.format('%d', ms + ttl)
+  end
   if redis.call('SET', lockKey, token .. ' ' .. f .. ' ' .. holds .. ' 0 ' .. owner, 'NX', 'PX', ttl) then
     -- KEEPTTL costs half of PX, so the fence key's expiry is renewed only when the fence enters a new minute, with a
     -- minute to spare: the key outlives the last lease (of this ttl) by at least retention.
@@ -236,14 +263,27 @@ if cur then
   -- own hold among the holds: this very command ran before (sent again after a reconnect), and added it then.
   if (owner ~= '' and o == owner) or t == token then
     local pttl = redis.call('PTTL', lockKey)
-    if pttl < ttl then pttl = ttl end
-    local hold = firstHold(token, owner)
-    if (t ~= token or owner ~= '') and not without(n, hold) then
-      redis.call('SET', lockKey, record(t, f, n .. ',' .. hold, w, o), 'PX', pttl)
-    else
-      redis.call('PEXPIRE', lockKey, pttl)
+    if owner == '' then
+      if pttl < ttl then
+        redis.call('PEXPIRE', lockKey, ttl)
+        pttl = ttl
+      end
+      return {1, t, f, pttl}
     end
-    return {1, t, f, pttl}
+    -- Our hold, for ttl from now (one added before by this very command is replaced), beside the others that have not
+    -- ended; the key lives until the latest of them.
+    local ms = msNow()
+    local rest, last = kept(n, ms, string.sub(token, 1, ${HOLD_ID_LENGTH}))
+    local d = ms + ttl
+    local holds = string.sub(token, 1, ${HOLD_ID_LENGTH}) .. ':' .. string.format('%d', d)
+    if rest ~= '' then holds = rest .. ',' .. holds end
+    if last == math.huge then
+      if pttl < ttl then pttl = ttl end
+    else
+      pttl = math.max(last, d) - ms
+    end
+    redis.call('SET', lockKey, record(t, f, holds, w, o), 'PX', pttl)
+    return {1, t, f, ttl}
   end
   join()
   -- Whoever waits in line must hear the release.
@@ -277,24 +317,48 @@ if head then
   if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
 end
 local f = proposal()
-redis.call('SET', lockKey, record(token, f, firstHold(token, owner), waiters, owner), 'PX', ttl)
+redis.call('SET', lockKey, record(token, f, firstHold(token, owner, ttl), waiters, owner), 'PX', ttl)
 return granted(f, waiters)
 `, { patient: true, sharedClock: true }); // every caller awaits it (see Script)
 
-/** Keep the lock at least `ttl` more ms if `token` holds it; the new remaining ms, or -1 when not held. */
+/**
+ * Keep the lock at least `ttl` more ms if `token` holds it (with an owner: the hold named `hold`, which must not have
+ * ended); the new remaining ms (of that hold), or -1 when not held.
+ */
 export const EXTEND = new Script(`
 local lockKey = KEYS[1]          -- the lock
 local token = ARGV[1]            -- the holder's token
 local ttl = tonumber(ARGV[2])    -- minimum ms left afterwards
+local hold = ARGV[3] or ''       -- the hold's id, for a lock with an owner, or ''
 
 local cur = redis.call('GET', lockKey)
 if not cur or string.sub(cur, 1, #token + 1) ~= token .. ' ' then return -1 end
 local pttl = redis.call('PTTL', lockKey)
-if pttl < ttl then
-  redis.call('PEXPIRE', lockKey, ttl)
-  pttl = ttl
+if hold == '' then
+  if pttl < ttl then
+    redis.call('PEXPIRE', lockKey, ttl)
+    pttl = ttl
+  end
+  return pttl
 end
-return pttl
+${KEPT}
+local t, f, n, w, o = string.match(cur, '^(%S+) (%d+) (%S+) (%d) (.*)$')
+local tm = redis.call('TIME')
+local ms = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local rest, last, own = kept(n, ms, hold)
+-- Ended (its deadline passed) or released: the lease is over, though the owner's other holds keep the lock.
+if not own or own <= ms then return -1 end
+local d = ms + ttl
+if own > d and own < math.huge then d = own end
+local holds = hold .. ':' .. string.format('%d', d)
+if rest ~= '' then holds = rest .. ',' .. holds end
+if last == math.huge then
+  pttl = math.max(pttl, d - ms)
+else
+  pttl = math.max(last, d) - ms
+end
+redis.call('SET', lockKey, t .. ' ' .. f .. ' ' .. holds .. ' ' .. w .. ' ' .. o, 'PX', pttl)
+return d - ms
 `);
 
 /**
@@ -325,16 +389,28 @@ local f, n, w
 if hold == '' then
   if cur and string.find(cur, token .. ' ', 1, true) == 1 then f, n, w = string.match(cur, '^(%d+) (%S+) (%d) ', #token + 2) end
 elseif cur then
-  -- By its id: gone already (this release ran before, and was sent again) drops nothing more. ('more': other holds stay.)
+  -- By its id: gone already (this release ran before, and was sent again), or ended (its lease is over: left for the
+  -- next call to drop), it drops nothing. Holds that have ended go with it, so the lock is freed once none is left that
+  -- has not ('more': others stay, the key until the latest).
+  ${KEPT}
   local t, hf, holds, hw, o = string.match(cur, '^(%S+) (%d+) (%S+) (%d) (.*)$')
-  local rest = holds and string.find(',' .. holds .. ',', ',' .. hold .. ',', 1, true)
-  if rest then
-    local s = ',' .. holds .. ','
-    rest = string.sub(string.sub(s, 1, rest) .. string.sub(s, rest + #hold + 2), 2, -2)
-    if rest == '' then
+  if holds then
+    local tm = redis.call('TIME')
+    now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+    local ms = math.floor(now / 1000)
+    local rest, last, own = kept(holds, ms, hold)
+    if own and own <= ms then
+      own = nil
+    end
+    if own and rest == '' then
       n, w = '1', hw
-    else
-      redis.call('SET', lockKey, t .. ' ' .. hf .. ' ' .. rest .. ' ' .. hw .. ' ' .. o, 'XX', 'KEEPTTL')
+    elseif own then
+      local value = t .. ' ' .. hf .. ' ' .. rest .. ' ' .. hw .. ' ' .. o
+      if last == math.huge then
+        redis.call('SET', lockKey, value, 'XX', 'KEEPTTL')
+      else
+        redis.call('SET', lockKey, value, 'PX', last - ms)
+      end
       n = 'more'
     end
   end
@@ -381,7 +457,7 @@ redis.call('HDEL', deadlinesKey, heir)
 local waiters = 0
 if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
 local nf = string.format('%d', now)
-redis.call('SET', lockKey, record(heir, nf, firstHold(heir, heirOwner), waiters, heirOwner), 'PX', heirTtl)
+redis.call('SET', lockKey, record(heir, nf, firstHold(heir, heirOwner, heirTtl), waiters, heirOwner), 'PX', heirTtl)
 return {1, fenced(lockKey, fenceKey, heir, heirOwner, nf, heirTtl, retention, waiters)}
 `, { sharedClock: true });
 
@@ -430,7 +506,7 @@ if tonumber(redis.call('GET', fenceKey) or '0') >= tonumber(fence) then
 end
 local waiters = 0
 if redis.call('ZCARD', queueKey) > 0 then waiters = 1 end
-redis.call('SET', lockKey, record(to, fence, firstHold(to, owner), waiters, owner), 'PX', ttl)
+redis.call('SET', lockKey, record(to, fence, firstHold(to, owner, ttl), waiters, owner), 'PX', ttl)
 redis.call('SET', fenceKey, fence, 'PX', ttl + retention + renewUs / 1000)
 return 1
 `, { sharedClock: true });
@@ -452,11 +528,16 @@ local cur = redis.call('GET', lockKey)
 if cur then
   local t, f, n, w, o = parse(cur)
   if t == token then
-    -- With an owner, others of it may have re-entered since: only this waiter's own hold goes.
-    local rest = o ~= '' and without(n, firstHold(token, o))
-    if rest and rest ~= '' then
-      redis.call('SET', lockKey, record(t, f, rest, w, o), 'XX', 'KEEPTTL')
-    elseif o == '' or rest then
+    -- With an owner, others of it may have re-entered since: only this waiter's own hold goes (with those that ended).
+    local rest, last, own = '', 0, o == ''
+    if o ~= '' then rest, last, own = kept(n, msNow(), string.sub(token, 1, ${HOLD_ID_LENGTH})) end
+    if own and rest ~= '' then
+      if last == math.huge then
+        redis.call('SET', lockKey, record(t, f, rest, w, o), 'XX', 'KEEPTTL')
+      else
+        redis.call('SET', lockKey, record(t, f, rest, w, o), 'PX', last - msNow())
+      end
+    elseif own then
       redis.call('DEL', lockKey)
       wakeFirst()
     end
@@ -518,7 +599,12 @@ local fence = ARGV[3]                -- the lease's fence
 local owner = ARGV[4]                -- the lease's reentrancy owner, '' for none
 local hold = ARGV[5] or ''           -- its hold's id (with an owner), or ''
 ${CONSTANTS}
-if hold == '' then hold = '1' end
+if hold == '' then
+  hold = '1'
+else
+  local tm = redis.call('TIME')
+  hold = hold .. ':' .. string.format('%d', tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000) + ttl)
+end
 if not redis.call('SET', lockKey, token .. ' ' .. fence .. ' ' .. hold .. ' 0 ' .. owner, 'NX', 'PX', ttl) then return 0 end
 if tonumber(redis.call('GET', fenceKey) or '0') < tonumber(fence) then
   redis.call('SET', fenceKey, fence, 'PX', ttl + retention + renewUs / 1000)
