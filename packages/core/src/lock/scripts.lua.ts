@@ -392,9 +392,12 @@ elseif cur then
   -- By its id: gone already (this release ran before, and was sent again), or ended (its lease is over: left for the
   -- next call to drop), it drops nothing. Holds that have ended go with it, so the lock is freed once none is left that
   -- has not ('more': others stay, the key until the latest).
-  ${KEPT}
   local t, hf, holds, hw, o = string.match(cur, '^(%S+) (%d+) (%S+) (%d) (.*)$')
-  if holds then
+  if holds and not string.find(holds, ',', 1, true) and string.sub(holds, 1, #hold + 1) == hold .. ':' then
+    -- Ours alone: it has not ended, since the key lives until it does.
+    n, w = '1', hw
+  elseif holds then
+    ${KEPT}
     local tm = redis.call('TIME')
     now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
     local ms = math.floor(now / 1000)
