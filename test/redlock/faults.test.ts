@@ -325,6 +325,31 @@ describe('Redlock late restores', () => {
     expect(await nodes.lockOn(4, prefix, 'k')).toBeNull();
   });
 
+  it('sends no restore for a nested lease released before a paused node answered its extension (its sibling still holds)', async () => {
+    const prefix = freshPrefix('restore-nested');
+    const { locker, clients } = redlock({ prefix });
+    const outer = await locker.acquire('k', { owner: 'job', ttl: 10_000 });
+    const inner = await locker.acquire('k', { owner: 'job', ttl: 10_000 });
+    const bothHolds = async (i: number) => (await nodes.lockOn(i, prefix, 'k'))?.n === '2';
+    await until(async () => (await Promise.all([0, 1, 2, 3, 4].map(bothHolds))).every(Boolean), 2_000, 'both holds on every node');
+    await nodes.admins[4]!.del(lockNames(prefix, 'k').lock);
+    const scripts = await scriptCommands(nodes.admins[4]!);
+    nodes.pause([4]);
+    await inner.extend();
+    // Decided on the other four; node 4 gets the release behind the extension.
+    expect(await inner.release()).toBe(true);
+    nodes.resume([4]);
+    await until(async () => (await scriptCommands(nodes.admins[4]!)) >= scripts + 2, 3_000, 'the extension and release on node 4');
+    // A restore would go out as the extension's answer comes in: two round trips on the locker's own connection later,
+    // node 4 has run it if it was sent.
+    await clients[4]!.ping();
+    await clients[4]!.ping();
+    expect(await scriptCommands(nodes.admins[4]!)).toBe(scripts + 2);
+    expect(await nodes.lockOn(4, prefix, 'k')).toBeNull();
+    expect(await outer.release()).toBe(true);
+    expect(await nodes.holders(prefix, 'k')).toEqual([]);
+  });
+
   it('undoes a restore that the network delays past the release (ioredis sends it again after reconnecting)', async () => {
     const prefix = freshPrefix('restore-resent');
     const proxy = await startProxy(nodes.nodes[4]!.port);

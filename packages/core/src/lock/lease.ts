@@ -74,6 +74,11 @@ export class LeaseImpl implements Lease {
     return this.expiry;
   }
 
+  /** Released or lost (see Held.over). */
+  get over(): boolean {
+    return this.ended;
+  }
+
   async extend(ttl: number = this.ttl): Promise<void> {
     v.duration('ttl', ttl);
     // Past its end by our clock the lease is over, whatever Redis still holds: its holder may have been told so.

@@ -412,10 +412,13 @@ export class RedlockStore implements LockStore {
    */
   private restore(i: number, n: LockNames, token: string, ttl: number, held: Held): void {
     // A node that answers long after the extension (it was paused) may find the lease over by then: leave it be.
-    if (this.released.has(token) || this.now() >= held.expiresAt) return;
+    // So may a nested lease's release (its token is not among `released`: the lease it nests in holds on).
+    if (this.released.has(token) || held.over === true || this.now() >= held.expiresAt) return;
     const c = this.clients[i]!;
     const done = (restored: unknown) => {
-      if (Number(restored) === 1 && this.released.has(token)) this.releaseOn(c, n, token, this.s.timeout, held.hold).catch(() => undefined);
+      if (Number(restored) === 1 && (this.released.has(token) || held.over === true)) {
+        this.releaseOn(c, n, token, this.s.timeout, held.hold).catch(() => undefined);
+      }
     };
     const args = [token, ttl, String(held.fence), ownerName(held.owner), held.hold];
     bounded(c, this.s.timeout, () => RESTORE.run(c, [n.lock, n.fence], args), done, done).catch(() => undefined);

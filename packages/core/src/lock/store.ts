@@ -61,6 +61,8 @@ export interface Held {
   readonly expiresAt: number;
   /** Its hold's id (Grant.hold), '' for none. */
   readonly hold: string;
+  /** Whether it has ended (released or lost) by now: its lock is not to be put back then. */
+  readonly over?: boolean;
 }
 
 /** A successful attempt. */
