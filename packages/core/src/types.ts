@@ -67,7 +67,8 @@ export interface Lease {
    */
   readonly signal: AbortSignal;
   /**
-   * Keeps the lock for at least `ttl` more ms (never shortens it).
+   * Keeps the lock for at least `ttl` more ms (never shortens it). A nested lease (same `owner`) extends its own hold
+   * of the lock, not the others'.
    * @param ttl - defaults to the ttl the lease was acquired with
    * @throws {@link LockLostError} when the lease is no longer held, or its `expiresAt` has passed (even if Redis still
    *   holds the lock: the lease has ended for its holder), also when that happens while the extension is on its way
@@ -77,7 +78,7 @@ export interface Lease {
   /**
    * Releases this lease. Idempotent: resolves `true` when this call released a lease that was still held,
    * `false` when it was already released or had expired or been lost. For a nested lease (same `owner`) that is
-   * `true` too, although the lock stays held until the last of its leases is released.
+   * `true` too, although the lock stays held until the last of its leases is released or has run out.
    * @throws {@link LockUnavailableError} when the store cannot answer (the lock then expires by its ttl); calling again retries
    */
   release(): Promise<boolean>;
