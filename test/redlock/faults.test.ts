@@ -277,6 +277,30 @@ describe('Redlock nodes restarted empty', () => {
     await noLockLeft(prefix, 'k', 'the lock to be gone');
   });
 
+  it('puts each lease of an owner back where a node lost the lock: a sibling that extends second keeps its lock too', async () => {
+    const prefix = freshPrefix('restore-siblings');
+    const { locker } = redlock({ prefix });
+    const first = await locker.acquire('k', { ttl: 10_000, owner: 'job' });
+    const second = await locker.acquire('k', { ttl: 10_000, owner: 'job' });
+    const holds = async (i: number) => (await nodes.lockOn(i, prefix, 'k'))?.n;
+    await until(async () => (await Promise.all([0, 1, 2, 3, 4].map(holds))).every((n) => n === '2'), 2_000, 'both holds on every node');
+    const name = lockNames(prefix, 'k').lock;
+    for (const i of [0, 1, 2]) {
+      await nodes.admins[i]!.del(name);
+      // The first puts the lock back with its hold; the second's restore adds its own. Without that, the third loss
+      // leaves the second's hold on two nodes: its extension finds it lost.
+      await first.extend();
+      await until(async () => (await holds(i)) === '1', 2_000, `the first lease's lock back on node ${i}`);
+      await second.extend();
+      await until(async () => (await holds(i)) === '2', 2_000, `the second lease's hold back on node ${i}`);
+    }
+    expect(second.signal.aborted).toBe(false);
+    expect(await first.release()).toBe(true);
+    expect(await redlock({ prefix }).locker.tryAcquire('k', { owner: 'other' })).toBeNull();
+    expect(await second.release()).toBe(true);
+    await noLockLeft(prefix, 'k', 'the lock to be gone');
+  });
+
   it('leaves a node alone where someone else holds the key, and counts only the nodes that kept the lock', async () => {
     const { prefix, name, lease } = await heldOnEveryNode('restore-taken');
     // Node 4 lost the lock, and a stray grant of someone else took the key there before the lease extended.
@@ -561,6 +585,29 @@ describe('Redlock without a quorum', () => {
 });
 
 describe('Redlock reentrancy with faults', () => {
+  it('keeps the hold a nested acquire adds on a node that answers after the round was won', async () => {
+    const prefix = freshPrefix('nested-late');
+    const { locker } = redlock({ prefix });
+    const outer = await locker.acquire('k', { ttl: 10_000, owner: 'job' });
+    await onEveryNode(prefix, 'k');
+    const scripts = await scriptCommands(nodes.admins[4]!);
+    nodes.pause([4]);
+    const inner = await locker.acquire('k', { ttl: 10_000, owner: 'job' });
+    nodes.resume([4]);
+    // The acquire, and whatever the round sent after it (nothing more is due: its late grant is the lease's).
+    await until(async () => (await scriptCommands(nodes.admins[4]!)) >= scripts + 1, 3_000, 'the nested acquire on node 4');
+    await until(async () => (await nodes.lockOn(4, prefix, 'k'))?.n === '2', 2_000, 'the nested hold on node 4');
+    const commands = await scriptCommands(nodes.admins[4]!);
+    await nodes.admins[4]!.ping();
+    expect(await scriptCommands(nodes.admins[4]!)).toBe(commands);
+    expect((await nodes.lockOn(4, prefix, 'k'))?.n).toBe('2');
+    expect(await outer.release()).toBe(true);
+    // The inner lease holds on every node, node 4 too.
+    expect(await nodes.holders(prefix, 'k')).toHaveLength(5);
+    expect(await inner.release()).toBe(true);
+    await noLockLeft(prefix, 'k', 'the lock to be gone');
+  });
+
   it('nests through another connection with a minority down, and hands back fresh grants where the lock was missing', async () => {
     const prefix = freshPrefix('reentry');
     const a = redlock({ prefix });

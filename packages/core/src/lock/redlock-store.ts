@@ -381,7 +381,9 @@ export class RedlockStore implements LockStore {
       const g = grants[i];
       if (g !== undefined) return g.token === keep ? undefined : this.releaseOn(c, n, g.token, timeout, hold);
       if (outcomes[i]?.ok || token === keep) return undefined;
-      this.releaseOn(c, n, token, timeout, hold).catch(() => undefined);
+      // A nested round that won: a hold it adds to the lock it re-entered is the lease's (RELEASE spares it), one it
+      // takes under its own token is a stray.
+      this.releaseOn(c, n, token, timeout, hold, keep).catch(() => undefined);
       return undefined;
     });
     if (keep === undefined) await Promise.allSettled(undo);
@@ -448,8 +450,8 @@ export class RedlockStore implements LockStore {
    * Drops one hold of `token` on one node (a round's stray grant, whose waiter keeps its place in line): of a lock with
    * an owner, the hold named `hold`.
    */
-  private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number, hold = ''): Promise<unknown> {
-    const args = releaseArgs(token, hold);
+  private releaseOn(c: RedisClient, n: LockNames, token: string, timeout: number, hold = '', spare = ''): Promise<unknown> {
+    const args = releaseArgs(token, hold, '', spare);
     return bounded(c, timeout, () => RELEASE.run(c, [n.lock, n.queue, n.deadlines], args));
   }
 

@@ -23,10 +23,11 @@ export function holdId(token: string, owner: string): string {
 }
 
 /**
- * RELEASE's arguments without an heir: the token, and when given, the name the holder kept in the line (Redlock) and
- * its hold's id (a lock with an owner).
+ * RELEASE's arguments without an heir: the token, and when given, the name the holder kept in the line (Redlock), its
+ * hold's id (a lock with an owner), and a lock token whose holds stay (`spare`: see RELEASE).
  */
-export function releaseArgs(token: string, hold = '', leaving = ''): string[] {
+export function releaseArgs(token: string, hold = '', leaving = '', spare = ''): string[] {
+  if (spare !== '') return [token, '', '', '', leaving, hold, spare];
   return hold === '' && leaving === '' ? [token] : [token, '', '', '', leaving, hold];
 }
 
@@ -380,6 +381,9 @@ local heirTtl = tonumber(ARGV[3])    -- its lease time in ms
 local heirOwner = ARGV[4]            -- its reentrancy owner
 local leaving = ARGV[5] or ''        -- Redlock: the holder's name in the line, kept there while it held, or ''
 local hold = ARGV[6] or ''           -- the hold's id, for a lock with an owner, or ''
+-- Redlock's undo of a nested round that won, on nodes that have not answered: the hold goes unless it is in the lock
+-- the round re-entered (this token's), where it is the new lease's.
+local spare = ARGV[7]
 local channel = lockKey .. ':w'      -- wake-up channel of this key
 ${CONSTANTS}local now = nil
 
@@ -393,7 +397,9 @@ elseif cur then
   -- next call to drop), it drops nothing. Holds that have ended go with it, so the lock is freed once none is left that
   -- has not ('more': others stay, the key until the latest).
   local t, hf, holds, hw, o = string.match(cur, '^(%S+) (%d+) (%S+) (%d) (.*)$')
-  if holds and not string.find(holds, ',', 1, true) and string.sub(holds, 1, #hold + 1) == hold .. ':' then
+  if t == spare then
+    holds = nil
+  elseif holds and not string.find(holds, ',', 1, true) and string.sub(holds, 1, #hold + 1) == hold .. ':' then
     -- Ours alone: it has not ended, since the key lives until it does.
     n, w = '1', hw
   elseif holds then
@@ -590,8 +596,10 @@ return 1
 
 /**
  * Redlock: put a live lease's lock back on a node that lost it (restarted empty, say), so that a lease kept by extension
- * keeps a majority while nodes restart one after another. Only where the key is free (someone else's stray grant is
- * left alone), as one hold, with the lease's fence; the node's fence key is raised to it if below. 1 when restored.
+ * keeps a majority while nodes restart one after another. Where the key is free, as one hold, with the lease's fence;
+ * the node's fence key is raised to it if below. Where the key holds the lease's own lock without the lease's hold (a
+ * lease of the same owner put it back first: nested leases share the token), the hold is added. Someone else's lock
+ * (a stray grant) is left alone. 1 when restored.
  */
 export const RESTORE = new Script(`
 local lockKey = KEYS[1]              -- the lock
@@ -600,15 +608,31 @@ local token = ARGV[1]                -- the lease's token
 local ttl = tonumber(ARGV[2])        -- ms to hold it for
 local fence = ARGV[3]                -- the lease's fence
 local owner = ARGV[4]                -- the lease's reentrancy owner, '' for none
-local hold = ARGV[5] or ''           -- its hold's id (with an owner), or ''
-${CONSTANTS}
-if hold == '' then
-  hold = '1'
-else
+local id = ARGV[5] or ''             -- its hold's id (with an owner), or ''
+${CONSTANTS}${KEPT}
+local hold, ms = '1', 0
+if id ~= '' then
   local tm = redis.call('TIME')
-  hold = hold .. ':' .. string.format('%d', tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000) + ttl)
+  ms = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+  hold = id .. ':' .. string.format('%d', ms + ttl)
 end
-if not redis.call('SET', lockKey, token .. ' ' .. fence .. ' ' .. hold .. ' 0 ' .. owner, 'NX', 'PX', ttl) then return 0 end
+if not redis.call('SET', lockKey, token .. ' ' .. fence .. ' ' .. hold .. ' 0 ' .. owner, 'NX', 'PX', ttl) then
+  if id == '' then return 0 end
+  local cur = redis.call('GET', lockKey)
+  local t, f, n, w, o = string.match(cur or '', '^(%S+) (%d+) (%S+) (%d) (.*)$')
+  if t ~= token or o ~= owner then return 0 end
+  local rest, last, own = kept(n, ms, id)
+  if own then return 0 end
+  if rest ~= '' then hold = rest .. ',' .. hold end
+  local pttl = ttl
+  if last == math.huge then
+    pttl = math.max(redis.call('PTTL', lockKey), ttl)
+  elseif last - ms > ttl then
+    pttl = last - ms
+  end
+  redis.call('SET', lockKey, t .. ' ' .. f .. ' ' .. hold .. ' ' .. w .. ' ' .. o, 'PX', pttl)
+  return 1
+end
 if tonumber(redis.call('GET', fenceKey) or '0') < tonumber(fence) then
   redis.call('SET', fenceKey, fence, 'PX', ttl + retention + renewUs / 1000)
 end
