@@ -557,6 +557,23 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         expect(waited).toBeLessThan(4_000);
       });
 
+      it('wakes a waiter when a nested lease’s release brings the lock’s end forward, rather than let it sleep to the old end', async () => {
+        const key = freshKey('sooner');
+        const other = fx.newConnectionLocker();
+        const outer = await fx.locker.acquire(key, { owner: 'worker-1', ttl: 300 });
+        const inner = await fx.locker.acquire(key, { owner: 'worker-1', ttl: 10_000 });
+        // Refused with the inner hold's end in view, the waiter sleeps until its poll (1 s; Redlock 250 ms).
+        const waiting = other.acquire(key, { wait: 5_000 });
+        await until(async () => (await fx.waiting(key)) === 1, 2_000, 'the waiter to get ready');
+        expect(await inner.release()).toBe(true);
+        const released = Date.now();
+        const next = await waiting;
+        // In once the outer hold ends (within 300 ms), not at the waiter's poll.
+        expect(Date.now() - released).toBeLessThan(650);
+        expect(next.fence).toBeGreaterThan(outer.fence);
+        await next.release();
+      });
+
       it('re-enters for exactly the same owner, whatever the owner contains', async () => {
         // Owners that look like the lock's own record, separators, escapes, and lone surrogates (which a UTF-8 encoder
         // would turn into the same U+FFFD): each must re-enter only as itself.

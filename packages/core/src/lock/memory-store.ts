@@ -87,7 +87,11 @@ export class MemoryLockStore implements LockStore {
       cur.holds.delete(hold);
       const until = latest(cur.holds, now);
       if (until > now) {
+        // Ours was the latest: the lock now ends sooner, which a waiter asleep until its old end must hear.
+        const shorter = until < cur.expiresAt;
         cur.expiresAt = until;
+        const head = shorter ? this.firstLive(key, now) : undefined;
+        if (head !== undefined) this.wake(key, head);
         return Promise.resolve(true);
       }
     }

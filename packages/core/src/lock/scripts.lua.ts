@@ -389,7 +389,7 @@ ${CONSTANTS}local now = nil
 
 -- The common case first, before any helper is defined: our only hold, nobody refused meanwhile.
 local cur = redis.call('GET', lockKey)
-local f, n, w
+local f, n, w, shorter
 if hold == '' then
   if cur and string.find(cur, token .. ' ', 1, true) == 1 then f, n, w = string.match(cur, '^(%d+) (%S+) (%d) ', #token + 2) end
 elseif cur then
@@ -420,7 +420,8 @@ elseif cur then
       else
         redis.call('SET', lockKey, value, 'PX', last - ms)
       end
-      n = 'more'
+      -- Ours was the latest: the key now ends sooner, which a waiter asleep until its old end must hear (below).
+      n, w, shorter = 'more', hw, own > last
     end
   end
 end
@@ -446,6 +447,7 @@ if leaving ~= '' then
   if n == '1' then redis.call('DEL', lockKey) end
 end
 if n ~= '1' then
+  if shorter and w == '1' and queueKey then wakeFirst() end
   -- A count (a lock written by an earlier version of these scripts, whose releases send no hold id): one less.
   local c = n ~= 'more' and tonumber(n)
   if c then
