@@ -15,7 +15,7 @@ import {
 import { startProxy, type Proxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
-import { FREE_HEAD_GRACE_MS } from '../../packages/core/src/lock/scripts.lua.js';
+import { FREE_HEAD_GRACE_MS, LEAVE } from '../../packages/core/src/lock/scripts.lua.js';
 import { HOSTILE_KEYS } from './fixtures.js';
 import { trackUnhandled } from '../redlock/support.js';
 import { abortReason, rejection, uniquePrefix, until, within } from './helpers.js';
@@ -1024,6 +1024,33 @@ describe('RedisLock holds of a lock with an owner', () => {
     expect(left).toBeLessThanOrEqual(3_000);
     await short.release();
     expect(await admin.exists(lockNames(prefix, 'k').lock)).toBe(0);
+  });
+
+  it('wakes the first waiter when a waiter handed the lock gives up and the hold left ends sooner than its own', async () => {
+    const prefix = uniquePrefix('leave-sooner');
+    const names = lockNames(prefix, 'k');
+    const locks = locker(prefix);
+    // The lock under one token with two holds of its owner: one for 10 s, one for 300 ms.
+    const long = await locks.acquire('k', { owner: 'job', ttl: 10_000 });
+    const short = await locks.acquire('k', { owner: 'job', ttl: 300 });
+    const waiting = locker(prefix).acquire('k', { owner: 'other', wait: 5_000 });
+    await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the waiter to queue');
+    const sub = admin.duplicate();
+    try {
+      await sub.subscribe(names.channel);
+      const woken = once(sub, 'message');
+      // The long hold's acquire was a waiter's that a release here handed the lock to, and it gave up (the locker's
+      // LEAVE with its token): its hold goes, and the lock now ends with the short one.
+      await LEAVE.run(admin, [names.lock, names.queue, names.deadlines], [long.token]);
+      expect(await admin.pttl(names.lock)).toBeLessThanOrEqual(300);
+      const [, name] = (await within(woken, 2_000, 'a wake-up on the channel')) as [string, string];
+      expect(name).toBe((await admin.zrange(names.queue, 0, 0))[0]);
+    } finally {
+      sub.disconnect();
+    }
+    const next = await waiting;
+    expect(next.fence).toBeGreaterThan(short.fence);
+    await next.release();
   });
 
   it('keeps a hold written without a deadline (an earlier version’s) for as long as the key lives', async () => {

@@ -301,6 +301,32 @@ describe('Redlock nodes restarted empty', () => {
     await noLockLeft(prefix, 'k', 'the lock to be gone');
   });
 
+  it('replaces a lease’s hold that ended on a node that missed its extensions, so the next loss does not take the lease', async () => {
+    const prefix = freshPrefix('restore-ended-hold');
+    const { locker } = redlock({ prefix });
+    const outer = await locker.acquire('k', { ttl: 30_000, owner: 'job' });
+    const inner = await locker.acquire('k', { ttl: 1_000, owner: 'job' });
+    const name = lockNames(prefix, 'k').lock;
+    const holdsOn = async (i: number) => {
+      const [s, us] = await nodes.admins[i]!.time();
+      const now = Number(s) * 1_000 + Math.floor(Number(us) / 1_000);
+      const value = await nodes.admins[i]!.get(name);
+      return (value?.split(' ')[2]?.split(',') ?? []).map((h) => ({ id: h.split(':')[0]!, left: Number(h.split(':')[1]) - now }));
+    };
+    await until(async () => (await Promise.all([0, 1, 2, 3, 4].map(holdsOn))).every((h) => h.length === 2), 2_000, 'both holds on every node');
+    // Node 4 missed the inner lease's extensions (it was paused through them, say): there its hold has ended, while the
+    // outer hold keeps the key.
+    const innerId = (await holdsOn(4)).find((h) => h.left < 2_000)!.id;
+    const value = (await nodes.admins[4]!.get(name))!;
+    await nodes.admins[4]!.set(name, value.replace(new RegExp(`${innerId}:\\d+`), `${innerId}:1`), 'KEEPTTL');
+    await inner.extend(5_000);
+    await until(async () => ((await holdsOn(4)).find((h) => h.id === innerId)?.left ?? 0) > 3_000, 2_000, 'the inner hold back on node 4');
+    expect(inner.signal.aborted).toBe(false);
+    expect(await inner.release()).toBe(true);
+    expect(await outer.release()).toBe(true);
+    await noLockLeft(prefix, 'k', 'the lock to be gone');
+  });
+
   it('leaves a node alone where someone else holds the key, and counts only the nodes that kept the lock', async () => {
     const { prefix, name, lease } = await heldOnEveryNode('restore-taken');
     // Node 4 lost the lock, and a stray grant of someone else took the key there before the lease extended.

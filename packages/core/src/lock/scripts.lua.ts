@@ -547,6 +547,8 @@ if cur then
         redis.call('SET', lockKey, record(t, f, rest, w, o), 'XX', 'KEEPTTL')
       else
         redis.call('SET', lockKey, record(t, f, rest, w, o), 'PX', last - msNow())
+        -- Ours was the latest: the key ends sooner now, which the first waiter, asleep until the old end, must hear.
+        if o ~= '' and own > last and w == '1' then wakeFirst() end
       end
     elseif own then
       redis.call('DEL', lockKey)
@@ -624,7 +626,8 @@ if not redis.call('SET', lockKey, token .. ' ' .. fence .. ' ' .. hold .. ' 0 ' 
   local t, f, n, w, o = string.match(cur or '', '^(%S+) (%d+) (%S+) (%d) (.*)$')
   if t ~= token or o ~= owner then return 0 end
   local rest, last, own = kept(n, ms, id)
-  if own then return 0 end
+  -- Ours and live: nothing to do. Ours and ended (this node missed the lease's extensions): replaced, as if missing.
+  if own and own > ms then return 0 end
   if rest ~= '' then hold = rest .. ',' .. hold end
   local pttl = ttl
   if last == math.huge then
