@@ -1053,6 +1053,35 @@ describe('RedisLock holds of a lock with an owner', () => {
     await next.release();
   });
 
+  it('wakes no waiter for nested releases that leave the lock held past the waiter’s next poll', async () => {
+    const prefix = uniquePrefix('no-storm');
+    const names = lockNames(prefix, 'k');
+    const locks = locker(prefix);
+    const outer = await locks.acquire('k', { owner: 'job', ttl: 30_000 });
+    const waiting = locker(prefix).acquire('k', { owner: 'other', wait: 10_000 });
+    await until(async () => (await admin.zcard(names.queue)) === 1, 2_000, 'the waiter to queue');
+    const sub = admin.duplicate();
+    const heard: string[] = [];
+    try {
+      await sub.subscribe(names.channel);
+      sub.on('message', (_channel: string, name: string) => heard.push(name));
+      // Each nested hold ends after the outer one: its release brings the lock's end forward, to 30 s from now.
+      for (let i = 0; i < 50; i++) {
+        const inner = await locks.acquire('k', { owner: 'job', ttl: 40_000 });
+        await inner.release();
+      }
+      // Messages arrive in order: once this one is heard, any wake-up published before it has been too.
+      const marker = once(sub, 'message');
+      await admin.publish(names.channel, 'marker');
+      await within(marker, 2_000, 'the marker');
+      expect(heard).toEqual(['marker']);
+    } finally {
+      sub.disconnect();
+    }
+    await outer.release();
+    await (await waiting).release();
+  });
+
   it('keeps a hold written without a deadline (an earlier version’s) for as long as the key lives', async () => {
     const prefix = uniquePrefix('no-deadline');
     const names = lockNames(prefix, 'k');

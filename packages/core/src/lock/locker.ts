@@ -7,13 +7,12 @@ import { LONG_KEY_CHARS } from '../redis/keys.js';
 import { ignoreRejection, watchAbort } from '../util/abort.js';
 import * as v from '../util/validate.js';
 import { LeaseImpl, type LeaseTies } from './lease.js';
+import { MAX_POLL_MS } from './scripts.lua.js';
 import type { AttemptResult, Grant, LockStore } from './store.js';
 
 /** Locker defaults from the contract. */
 export const LOCKER_DEFAULTS = { ttl: 30_000, wait: 0 } as const;
 
-// Upper bound on one sleep between attempts while waiting: covers a lost wake-up message.
-const MAX_POLL_MS = 1_000;
 // Poll interval when wake-ups are not available (subscriber down), or not confirmed yet.
 const FALLBACK_POLL_MS = 50;
 // How long a waiter waits for its subscription to wake-ups before it goes on attempting (by polling, as above)

@@ -1,6 +1,6 @@
 // LockStore in this process's memory: the embedded default, and the reference the Redis backends are tested against.
 import { QUEUE_HEARTBEAT_MS } from './redis-store.js';
-import { holdId } from './scripts.lua.js';
+import { holdId, MAX_POLL_MS } from './scripts.lua.js';
 import type { AttemptResult, Held as Lease, LockStore } from './store.js';
 
 interface Held {
@@ -87,8 +87,9 @@ export class MemoryLockStore implements LockStore {
       cur.holds.delete(hold);
       const until = latest(cur.holds, now);
       if (until > now) {
-        // Ours was the latest: the lock now ends sooner, which a waiter asleep until its old end must hear.
-        const shorter = until < cur.expiresAt;
+        // Ours was the latest: the lock now ends sooner, which a waiter asleep until its old end must hear, when that is
+        // before its next attempt anyway (see RELEASE).
+        const shorter = until < cur.expiresAt && until - now < MAX_POLL_MS;
         cur.expiresAt = until;
         const head = shorter ? this.firstLive(key, now) : undefined;
         if (head !== undefined) this.wake(key, head);

@@ -31,6 +31,9 @@ export function releaseArgs(token: string, hold = '', leaving = '', spare = ''):
   return hold === '' && leaving === '' ? [token] : [token, '', '', '', leaving, hold];
 }
 
+/** Upper bound on one sleep of a waiter between attempts (ms): covers a lost wake-up message. */
+export const MAX_POLL_MS = 1_000;
+
 /** How long a fence key outlives its lock, in ms; see "Fencing tokens" in the README. */
 export const FENCE_RETENTION_MS = 3_600_000;
 
@@ -420,8 +423,10 @@ elseif cur then
       else
         redis.call('SET', lockKey, value, 'PX', last - ms)
       end
-      -- Ours was the latest: the key now ends sooner, which a waiter asleep until its old end must hear (below).
-      n, w, shorter = 'more', hw, own > last
+      -- Ours was the latest: the key now ends sooner, which a waiter asleep until its old end must hear (below), when
+      -- that is before its next attempt anyway (woken sooner, it would only be refused again: nested leases of one
+      -- owner come and go far more often).
+      n, w, shorter = 'more', hw, own > last and last - ms < ${MAX_POLL_MS}
     end
   end
 end
@@ -547,8 +552,9 @@ if cur then
         redis.call('SET', lockKey, record(t, f, rest, w, o), 'XX', 'KEEPTTL')
       else
         redis.call('SET', lockKey, record(t, f, rest, w, o), 'PX', last - msNow())
-        -- Ours was the latest: the key ends sooner now, which the first waiter, asleep until the old end, must hear.
-        if o ~= '' and own > last and w == '1' then wakeFirst() end
+        -- Ours was the latest: the key ends sooner now, which the first waiter, asleep until the old end, must hear
+        -- (when before its next attempt: see RELEASE).
+        if o ~= '' and own > last and last - msNow() < ${MAX_POLL_MS} and w == '1' then wakeFirst() end
       end
     elseif own then
       redis.call('DEL', lockKey)
