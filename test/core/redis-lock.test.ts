@@ -943,6 +943,56 @@ describe('RedisLock waiters and the heap', () => {
   });
 });
 
+describe('RedisLock hand-overs Redis refuses', () => {
+  afterAll(async () => {
+    await stopAll();
+  });
+
+  it(
+    'lets an heir whose hand-over Redis refused (READONLY: it turned replica) hold, extend and release under the releasing token: the key is free once it releases',
+    async () => {
+      const refuse = (admin: Redis) => admin.replicaof('127.0.0.1', '1');
+      const recover = (admin: Redis) => admin.replicaof('NO', 'ONE');
+      const node = await startRedis();
+      const admin = node.client();
+      const client = node.client();
+      const prefix = uniquePrefix('stranded');
+      const names = lockNames(prefix, 'k');
+      const locks = new RedisLock(client, { prefix, ttl: 8_000 });
+      const other = new RedisLock(node.client(), { prefix });
+      try {
+        const first = await locks.acquire('k');
+        const waiting = locks.acquire('k', { wait: 10_000 });
+        // The waiter has queued and learnt it is first, so the release hands the lock straight to it.
+        type Local = Map<string, { ahead?: Set<string> | null }[]>;
+        const local = (locks as unknown as { store: { local: Local } }).store.local;
+        await until(() => local.get('k')?.[0]?.ahead?.size === 0, 3_000, 'the waiter to know it is first');
+        await refuse(admin);
+        expect(await first.release()).toBe(true);
+        const heir = await waiting;
+        expect(heir.fence).toBe(first.fence + 1);
+        // Redis did not record the hand-over: the lock is still under the first lease's token, now the heir's.
+        expect((await admin.get(names.lock))?.startsWith(`${first.token} `)).toBe(true);
+        await recover(admin);
+        await heir.extend(20_000);
+        expect(heir.signal.aborted).toBe(false);
+        expect(await admin.pttl(names.lock)).toBeGreaterThan(15_000);
+        expect(await other.tryAcquire('k')).toBeNull();
+        expect(await heir.release()).toBe(true);
+        expect(await admin.exists(names.lock)).toBe(0);
+        // Out of the line too: the next caller gets the key at once.
+        const next = await other.tryAcquire('k');
+        expect(next).not.toBeNull();
+        await next!.release();
+      } finally {
+        locks.close();
+        other.close();
+        await node.stop();
+      }
+    },
+  );
+});
+
 describe('RedisLock holds of a lock with an owner', () => {
   let node: RedisNode;
   let admin: Redis;

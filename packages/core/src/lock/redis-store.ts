@@ -1,6 +1,6 @@
 // LockStore over one Redis node or Cluster: each operation is one script call, bounded in time.
 import { LockUnavailableError } from '../errors.js';
-import { bounded } from '../redis/call.js';
+import { bounded, RedisCallError } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
 import { sendNow, unexpectedReply } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
@@ -96,6 +96,9 @@ export class RedisLockStore implements LockStore {
   // Tokens a release of this process named as its heir, oldest first (see releaseUnsure), while the lock may be theirs:
   // until every release that named one has answered that it went to someone else.
   private readonly named = new Set<string>();
+  // Heirs a release here let in whose hand-over Redis refused (see handOver), each with the releasing token, under which
+  // Redis still holds the lock for them: their extensions and release go to that token.
+  private readonly stranded = new Map<string, string>();
   // How many releases that named each of those are still to answer.
   private readonly naming = new Map<string, number>();
   // Give-backs of named tokens' acquires put off while the lock may be theirs (see notHandedTo).
@@ -214,13 +217,23 @@ export class RedisLockStore implements LockStore {
 
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
     const n = lockNames(this.prefix, key);
-    const args = held === undefined || held.hold === '' ? [token, ttl] : [token, ttl, held.hold];
+    const under = this.stranded.get(token);
+    const args = under !== undefined ? [under, ttl] : held === undefined || held.hold === '' ? [token, ttl] : [token, ttl, held.hold];
     const left = Number(await this.call('extend', () => EXTEND.run(this.client, [n.lock], args)));
     return left < 0 ? null : left;
   }
 
   release(key: string, token: string, from?: Releasing, _shared?: boolean, hold = ''): Promise<boolean> {
     const n = lockNames(this.prefix, key);
+    const under = this.stranded.get(token);
+    if (under !== undefined) {
+      // An heir whose hand-over Redis refused holds under the releasing token (see handOver); the line still has it
+      // first, which the hand-over would have ended.
+      LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token]).catch(() => undefined);
+      const released = this.release(key, under, from);
+      released.then(() => this.stranded.delete(token), () => undefined);
+      return released;
+    }
     const heir = this.local.get(key)?.[0];
     if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered) {
       const now = this.now();
@@ -373,9 +386,16 @@ export class RedisLockStore implements LockStore {
       () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], [token, heir.token, fence, heir.ttl, ownerName(heir.owner)]),
       recorded,
       recorded,
-    ).catch(() => {
+    ).catch((error: unknown) => {
       // Not recorded (yet): the heir keeps the releasing lease's time, and a late reply still settles it. For the
-      // releasing holder the lock has passed on either way.
+      // releasing holder the lock has passed on either way. Refused by Redis (it answered an error: READONLY, MISCONF,
+      // OOM, ...) or never sent, the TRANSFER did not run and no reply will come: Redis holds the lock under the
+      // releasing token, for the heir now. Sending it again could land after the heir's own release, and hold the key
+      // for nobody; instead the heir's extensions and release go to that token.
+      if (didNotRun((error as { cause?: unknown }).cause)) {
+        makeRoom(this.stranded, LEFT_MAX);
+        this.stranded.set(heir.token, token);
+      }
       return true;
     });
   }
@@ -407,4 +427,11 @@ export class RedisLockStore implements LockStore {
       unsure,
     );
   }
+}
+
+/** Whether a call's failure says it never ran: Redis answered an error (it refuses a script before its first write), or
+ * it was never sent. A timeout or a dropped connection leaves it unknown. */
+function didNotRun(error: unknown): boolean {
+  if (error instanceof RedisCallError) return error.unsent;
+  return error instanceof Error && error.name === 'ReplyError';
 }
