@@ -944,53 +944,102 @@ describe('RedisLock waiters and the heap', () => {
 });
 
 describe('RedisLock hand-overs Redis refuses', () => {
-  afterAll(async () => {
-    await stopAll();
+  let node: RedisNode;
+  let admin: Redis;
+  let locks: RedisLock;
+  let other: RedisLock;
+  let names: ReturnType<typeof lockNames>;
+
+  beforeEach(async () => {
+    node = await startRedis();
+    admin = node.client();
+    const prefix = uniquePrefix('refused-handover');
+    names = lockNames(prefix, 'k');
+    locks = new RedisLock(node.client(), { prefix, ttl: 8_000 });
+    other = new RedisLock(node.client(), { prefix });
+  });
+  afterEach(async () => {
+    locks.close();
+    other.close();
+    await node.stop();
   });
 
-  it(
-    'lets an heir whose hand-over Redis refused (READONLY: it turned replica) hold, extend and release under the releasing token: the key is free once it releases',
-    async () => {
-      const refuse = (admin: Redis) => admin.replicaof('127.0.0.1', '1');
-      const recover = (admin: Redis) => admin.replicaof('NO', 'ONE');
-      const node = await startRedis();
-      const admin = node.client();
-      const client = node.client();
-      const prefix = uniquePrefix('stranded');
-      const names = lockNames(prefix, 'k');
-      const locks = new RedisLock(client, { prefix, ttl: 8_000 });
-      const other = new RedisLock(node.client(), { prefix });
-      try {
-        const first = await locks.acquire('k');
-        const waiting = locks.acquire('k', { wait: 10_000 });
-        // The waiter has queued and learnt it is first, so the release hands the lock straight to it.
-        type Local = Map<string, { ahead?: Set<string> | null }[]>;
-        const local = (locks as unknown as { store: { local: Local } }).store.local;
-        await until(() => local.get('k')?.[0]?.ahead?.size === 0, 3_000, 'the waiter to know it is first');
-        await refuse(admin);
-        expect(await first.release()).toBe(true);
-        const heir = await waiting;
-        expect(heir.fence).toBe(first.fence + 1);
-        // Redis did not record the hand-over: the lock is still under the first lease's token, now the heir's.
-        expect((await admin.get(names.lock))?.startsWith(`${first.token} `)).toBe(true);
-        await recover(admin);
-        await heir.extend(20_000);
-        expect(heir.signal.aborted).toBe(false);
-        expect(await admin.pttl(names.lock)).toBeGreaterThan(15_000);
-        expect(await other.tryAcquire('k')).toBeNull();
-        expect(await heir.release()).toBe(true);
-        expect(await admin.exists(names.lock)).toBe(0);
-        // Out of the line too: the next caller gets the key at once.
-        const next = await other.tryAcquire('k');
-        expect(next).not.toBeNull();
-        await next!.release();
-      } finally {
-        locks.close();
-        other.close();
-        await node.stop();
-      }
-    },
-  );
+  // Redis refuses every write while it is a replica (READONLY), the hand-over's TRANSFER script included.
+  const refuse = () => admin.replicaof('127.0.0.1', '1');
+  const recover = () => admin.replicaof('NO', 'ONE');
+  /** `count` waiters of `locks` on 'k', queued and each knowing who is ahead of it, so a release hands the lock down. */
+  const localWaiters = async (count: number): Promise<Promise<Lease>[]> => {
+    const waiting: Promise<Lease>[] = [];
+    type Local = Map<string, { ahead?: Set<string> | null }[]>;
+    const local = (locks as unknown as { store: { local: Local } }).store.local;
+    for (let i = 0; i < count; i++) {
+      waiting.push(locks.acquire('k', { wait: 10_000 }));
+      await until(() => local.get('k')?.[i]?.ahead?.size === i, 3_000, `waiter ${i} to know who is ahead of it`);
+    }
+    return waiting;
+  };
+  /** The key is free: released, and nobody left in its line ahead of a newcomer. */
+  const free = async (): Promise<void> => {
+    const next = await other.tryAcquire('k');
+    expect(next).not.toBeNull();
+    await next!.release();
+  };
+
+  it('lets the heir hold, extend and release under the releasing token: the key is free once it releases', async () => {
+    const first = await locks.acquire('k');
+    const [waiting] = await localWaiters(1);
+    await refuse();
+    expect(await first.release()).toBe(true);
+    const heir = await waiting!;
+    expect(heir.fence).toBe(first.fence + 1);
+    // Redis did not record the hand-over: the lock is still under the first lease's token, now the heir's.
+    expect((await admin.get(names.lock))?.startsWith(`${first.token} `)).toBe(true);
+    await recover();
+    await heir.extend(20_000);
+    expect(heir.signal.aborted).toBe(false);
+    expect(await admin.pttl(names.lock)).toBeGreaterThan(15_000);
+    expect(await other.tryAcquire('k')).toBeNull();
+    expect(await heir.release()).toBe(true);
+    expect(await admin.exists(names.lock)).toBe(0);
+    await free();
+  });
+
+  it('frees the key once Redis recovers when the heir releases at once, before the refusal came back', async () => {
+    const first = await locks.acquire('k');
+    const [waiting] = await localWaiters(1);
+    await refuse();
+    const released = first.release();
+    const heir = await waiting!;
+    // Sent right behind the TRANSFER: refused as well, and sent again in the background.
+    const heirReleased = heir.release().catch((e: unknown) => e);
+    expect(await released).toBe(true);
+    expect(await heirReleased).toBeInstanceOf(LockUnavailableError);
+    await recover();
+    await until(async () => (await admin.exists(names.lock)) === 0, 3_000, 'the heir’s release to get through');
+    await free();
+  });
+
+  it('passes the lock down a chain of heirs while Redis refuses: the last one extends and releases it', async () => {
+    const first = await locks.acquire('k');
+    const [w1, w2] = await localWaiters(2);
+    await refuse();
+    const released = first.release();
+    const h1 = await w1!;
+    const handedOn = h1.release();
+    const h2 = await w2!;
+    expect(h2.fence).toBe(h1.fence + 1);
+    expect(await released).toBe(true);
+    expect(await handedOn).toBe(true);
+    await recover();
+    await h2.extend(20_000);
+    expect(await admin.pttl(names.lock)).toBeGreaterThan(15_000);
+    expect(await h2.release()).toBe(true);
+    expect(await admin.exists(names.lock)).toBe(0);
+    // The first heir is still in the line (its hand-over, which would have taken it out, never ran): its place holds
+    // the next caller up for the line's grace, not for the first lease's ttl (8 s).
+    const next = await other.acquire('k', { wait: 5_000 });
+    await next.release();
+  });
 });
 
 describe('RedisLock holds of a lock with an owner', () => {

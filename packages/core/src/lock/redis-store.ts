@@ -1,6 +1,6 @@
 // LockStore over one Redis node or Cluster: each operation is one script call, bounded in time.
 import { LockUnavailableError } from '../errors.js';
-import { bounded, RedisCallError } from '../redis/call.js';
+import { bounded } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
 import { sendNow, unexpectedReply } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
@@ -96,9 +96,9 @@ export class RedisLockStore implements LockStore {
   // Tokens a release of this process named as its heir, oldest first (see releaseUnsure), while the lock may be theirs:
   // until every release that named one has answered that it went to someone else.
   private readonly named = new Set<string>();
-  // Heirs a release here let in whose hand-over Redis refused (see handOver), each with the releasing token, under which
-  // Redis still holds the lock for them: their extensions and release go to that token.
-  private readonly stranded = new Map<string, string>();
+  // Heirs a release here let in (see handOver), each with its cover: the token Redis holds the lock under for it until
+  // it records the hand-over, and for good if it refused to. Its extensions and release name both (see RELEASE).
+  private readonly covers = new Map<string, string>();
   // How many releases that named each of those are still to answer.
   private readonly naming = new Map<string, number>();
   // Give-backs of named tokens' acquires put off while the lock may be theirs (see notHandedTo).
@@ -217,23 +217,15 @@ export class RedisLockStore implements LockStore {
 
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
     const n = lockNames(this.prefix, key);
-    const under = this.stranded.get(token);
-    const args = under !== undefined ? [under, ttl] : held === undefined || held.hold === '' ? [token, ttl] : [token, ttl, held.hold];
+    const cover = this.covers.get(token);
+    const hold = held?.hold ?? '';
+    const args = cover !== undefined ? [token, ttl, hold, cover] : hold === '' ? [token, ttl] : [token, ttl, hold];
     const left = Number(await this.call('extend', () => EXTEND.run(this.client, [n.lock], args)));
     return left < 0 ? null : left;
   }
 
   release(key: string, token: string, from?: Releasing, _shared?: boolean, hold = ''): Promise<boolean> {
     const n = lockNames(this.prefix, key);
-    const under = this.stranded.get(token);
-    if (under !== undefined) {
-      // An heir whose hand-over Redis refused holds under the releasing token (see handOver); the line still has it
-      // first, which the hand-over would have ended.
-      LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token]).catch(() => undefined);
-      const released = this.release(key, under, from);
-      released.then(() => this.stranded.delete(token), () => undefined);
-      return released;
-    }
     const heir = this.local.get(key)?.[0];
     if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered) {
       const now = this.now();
@@ -254,7 +246,7 @@ export class RedisLockStore implements LockStore {
         }
       };
     }
-    return this.call('release', () => this.releaseScript(n, token, heir, hold), handOff, (reply) => {
+    return this.call('release', () => this.releaseScript(n, token, heir, hold, this.covers.get(token)), handOff, (reply) => {
       handOff?.(reply);
       return Array.isArray(reply) || Number(reply) !== 0;
     });
@@ -375,37 +367,37 @@ export class RedisLockStore implements LockStore {
     const confirmation = new Promise<number | null>((resolve) => (settle = resolve));
     this.dropLocal(key, heir);
     this.noteHeir(heir.token);
+    // Until Redis runs the TRANSFER below, the lock is under the releasing token there (or, when that lease was let in
+    // the same way and its own TRANSFER has not run either, under that one's cover): the heir's commands sent meanwhile,
+    // which Redis runs after the TRANSFER, name it too. Refused (READONLY, MISCONF, ...), the TRANSFER never runs, and the
+    // heir holds there for good. (Sent again, it could land after the heir's own release and hold the key for nobody.)
+    const cover = this.covers.get(token) ?? token;
+    makeRoom(this.covers, LEFT_MAX);
+    this.covers.set(heir.token, cover);
     heir.granted({ ok: true, token: heir.token, fence, ttl: heir.ttl, expiresAt, confirmation, hold: holdId(heir.token, heir.owner) }, since);
     const recorded = (reply: unknown): boolean => {
       const r = Number(reply);
+      // Recorded (1), or nothing to hold under (0, -1: the heir is lost): no cover any more.
+      this.covers.delete(heir.token);
       settle(r === 1 ? since + heir.ttl - this.drift(heir.ttl) : null);
       return r !== 0;
     };
-    return this.call(
-      'release',
-      () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], [token, heir.token, fence, heir.ttl, ownerName(heir.owner)]),
-      recorded,
-      recorded,
-    ).catch((error: unknown) => {
+    const args = [token, heir.token, fence, heir.ttl, ownerName(heir.owner)];
+    if (cover !== token) args.push(cover);
+    return this.call('release', () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args), recorded, recorded).catch(() => {
       // Not recorded (yet): the heir keeps the releasing lease's time, and a late reply still settles it. For the
-      // releasing holder the lock has passed on either way. Refused by Redis (it answered an error: READONLY, MISCONF,
-      // OOM, ...) or never sent, the TRANSFER did not run and no reply will come: Redis holds the lock under the
-      // releasing token, for the heir now. Sending it again could land after the heir's own release, and hold the key
-      // for nobody; instead the heir's extensions and release go to that token.
-      if (didNotRun((error as { cause?: unknown }).cause)) {
-        makeRoom(this.stranded, LEFT_MAX);
-        this.stranded.set(heir.token, token);
-      }
+      // releasing holder the lock has passed on either way.
       return true;
     });
   }
 
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
-  private releaseScript(n: LockNames, token: string, heir?: LocalWaiter, hold = ''): Promise<unknown> {
-    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], releaseArgs(token, hold));
+  private releaseScript(n: LockNames, token: string, heir?: LocalWaiter, hold = '', cover?: string): Promise<unknown> {
+    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], releaseArgs(token, hold, '', '', cover));
     this.noteHeir(heir.token);
     const args = [token, heir.token, heir.ttl, ownerName(heir.owner)];
-    if (hold !== '') args.push('', hold);
+    if (cover !== undefined) args.push('', hold, '', cover);
+    else if (hold !== '') args.push('', hold);
     return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args);
   }
 
@@ -427,11 +419,4 @@ export class RedisLockStore implements LockStore {
       unsure,
     );
   }
-}
-
-/** Whether a call's failure says it never ran: Redis answered an error (it refuses a script before its first write), or
- * it was never sent. A timeout or a dropped connection leaves it unknown. */
-function didNotRun(error: unknown): boolean {
-  if (error instanceof RedisCallError) return error.unsent;
-  return error instanceof Error && error.name === 'ReplyError';
 }

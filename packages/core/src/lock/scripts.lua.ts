@@ -24,9 +24,11 @@ export function holdId(token: string, owner: string): string {
 
 /**
  * RELEASE's arguments without an heir: the token, and when given, the name the holder kept in the line (Redlock), its
- * hold's id (a lock with an owner), and a lock token whose holds stay (`spare`: see RELEASE).
+ * hold's id (a lock with an owner), a lock token whose holds stay (`spare`), and the token it may hold under (`cover`):
+ * see RELEASE.
  */
-export function releaseArgs(token: string, hold = '', leaving = '', spare = ''): string[] {
+export function releaseArgs(token: string, hold = '', leaving = '', spare = '', cover?: string): string[] {
+  if (cover !== undefined) return [token, '', '', '', leaving, hold, spare, cover];
   if (spare !== '') return [token, '', '', '', leaving, hold, spare];
   return hold === '' && leaving === '' ? [token] : [token, '', '', '', leaving, hold];
 }
@@ -334,8 +336,12 @@ local lockKey = KEYS[1]          -- the lock
 local token = ARGV[1]            -- the holder's token
 local ttl = tonumber(ARGV[2])    -- minimum ms left afterwards
 local hold = ARGV[3] or ''       -- the hold's id, for a lock with an owner, or ''
+local cover = ARGV[4]            -- the token Redis may still hold the lock under for this lease (see RELEASE), or none
 
 local cur = redis.call('GET', lockKey)
+if cur and cover and string.sub(cur, 1, #cover + 1) == cover .. ' ' then
+  token, hold = cover, ''
+end
 if not cur or string.sub(cur, 1, #token + 1) ~= token .. ' ' then return -1 end
 local pttl = redis.call('PTTL', lockKey)
 if hold == '' then
@@ -387,11 +393,22 @@ local hold = ARGV[6] or ''           -- the hold's id, for a lock with an owner,
 -- Redlock's undo of a nested round that won, on nodes that have not answered: the hold goes unless it is in the lock
 -- the round re-entered (this token's), where it is the new lease's.
 local spare = ARGV[7]
+-- RedisLock: an heir let in by a hand-over within its process (see TRANSFER) holds under the releasing lease's token
+-- (its cover) until Redis records the hand-over, and for good when Redis refused to (a replica's READONLY, MISCONF):
+-- found under that token, the lock is released as the heir's, and the heir leaves the line the hand-over took it out of.
+local cover = ARGV[8]
 local channel = lockKey .. ':w'      -- wake-up channel of this key
 ${CONSTANTS}local now = nil
 
 -- The common case first, before any helper is defined: our only hold, nobody refused meanwhile.
 local cur = redis.call('GET', lockKey)
+if cur and cover and string.find(cur, cover .. ' ', 1, true) == 1 then
+  if queueKey then
+    redis.call('ZREM', queueKey, token)
+    redis.call('HDEL', deadlinesKey, token)
+  end
+  token, hold = cover, ''
+end
 local f, n, w, shorter
 if hold == '' then
   if cur and string.find(cur, token .. ' ', 1, true) == 1 then f, n, w = string.match(cur, '^(%d+) (%S+) (%d) ', #token + 2) end
@@ -495,6 +512,7 @@ local to = ARGV[2]                   -- the waiter let in
 local fence = ARGV[3]                -- its fence
 local ttl = tonumber(ARGV[4])        -- its lease time in ms
 local owner = ARGV[5]                -- its reentrancy owner
+local cover = ARGV[6]                -- the releasing holder's own cover (it was let in this way too), or none
 local channel = lockKey .. ':w'      -- wake-up channel of this key
 ${CONSTANTS}local now = nil
 ${FIRST_LIVE}${WAKE_FIRST}
@@ -504,7 +522,7 @@ if cur then t, f, n, w, o = parse(cur) end
 if t == to then return 1 end
 redis.call('ZREM', queueKey, to)
 redis.call('HDEL', deadlinesKey, to)
-if t ~= from then
+if t ~= from and (not cover or t ~= cover) then
   if not cur then wakeFirst() end
   return 0
 end
