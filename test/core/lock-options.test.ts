@@ -1,6 +1,6 @@
 // Every invalid value of every locker option, constructor and per call, fails at once with a TypeError or RangeError
 // naming the option, before anything is sent to Redis (the clients here never connect).
-import { Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { MemoryLock, RedisLock, Redlock, type Locker } from '../../packages/core/src/index.js';
 import { expectInvalid } from './helpers.js';
@@ -16,8 +16,9 @@ function client(): Redis {
 }
 const five = (): Redis[] => Array.from({ length: 5 }, client);
 
+const clusters: Cluster[] = [];
 afterAll(() => {
-  for (const c of clients) c.disconnect();
+  for (const c of [...clients, ...clusters]) c.disconnect();
 });
 
 const NOT_NUMBERS: unknown[] = ['100', null, true, {}, [], () => 1, Symbol('x'), 10n];
@@ -74,6 +75,21 @@ describe('locker clients', () => {
     for (const value of [undefined, null, {}, 'redis://localhost', 6379, { evalsha() {} }]) {
       await expectInvalid(() => new RedisLock(value as never), 'redis');
     }
+  });
+
+  it('refuses a Cluster client whose keyPrefix opens an empty hash tag (every script would fail CROSSSLOT), naming the option', async () => {
+    const cluster = (keyPrefix: string) => {
+      const c = new Cluster([{ host: '127.0.0.1', port: 1 }], { lazyConnect: true, keyPrefix });
+      c.on('error', () => undefined);
+      clusters.push(c);
+      return c;
+    };
+    for (const keyPrefix of ['x{}', '{}', 'a{}b{c}']) {
+      await expectInvalid(() => new RedisLock(cluster(keyPrefix)), 'redis');
+      await expectInvalid(() => new Redlock([client(), cluster(keyPrefix), client()]), 'clients[1]');
+    }
+    // A complete tag puts every key in one slot, which works; so does a tag that hasp's names close.
+    for (const keyPrefix of ['app:', 'app{x}:', 'x{']) new RedisLock(cluster(keyPrefix)).close();
   });
 
   it('Redlock needs a non-empty array of distinct ioredis clients', async () => {

@@ -41,10 +41,20 @@ export class RedisLock extends BaseLocker {
   }
 }
 
-/** Checks that `value` looks like an ioredis client. */
+/** Checks that `value` looks like an ioredis client, and that hasp's names can work through it. */
 export function assertClient(name: string, value: unknown): void {
-  const c = value as { evalsha?: unknown; duplicate?: unknown } | null;
+  const c = value as { evalsha?: unknown; duplicate?: unknown; isCluster?: unknown; options?: { keyPrefix?: unknown } } | null;
   if (typeof c !== 'object' || c === null || typeof c.evalsha !== 'function' || typeof c.duplicate !== 'function') {
     throw new TypeError(`${name} must be an ioredis Redis or Cluster instance, got ${v.describe(value)}`);
+  }
+  // ioredis puts its keyPrefix in front of hasp's names. On a Cluster, an empty hash tag '{}' opening there makes Redis
+  // hash each whole name, so the names of one lock or bucket land in different slots and every script fails
+  // (CROSSSLOT). (A complete tag such as 'app{x}:' works: it puts all of hasp's keys in one slot.)
+  const keyPrefix = c.options?.keyPrefix;
+  if (c.isCluster === true && typeof keyPrefix === 'string') {
+    const open = keyPrefix.indexOf('{');
+    if (open >= 0 && keyPrefix[open + 1] === '}') {
+      throw new TypeError(`${name}'s keyPrefix opens an empty Cluster hash tag '{}', so the keys of one lock or bucket would land in different slots: got ${JSON.stringify(keyPrefix)}`);
+    }
   }
 }
