@@ -134,6 +134,36 @@ describe('hash slots on a Cluster', () => {
   });
 });
 
+describe('scripts on a Cluster', () => {
+  it('sends a script as EVAL the first time on each master, so no call meets NOSCRIPT and comes back after later ones', async () => {
+    const admins = cluster.nodes.map((n) => n.client());
+    const noScript = async () => {
+      let total = 0;
+      for (const a of admins) total += Number(/errorstat_NOSCRIPT:count=(\d+)/.exec(await a.info('errorstats'))?.[1] ?? 0);
+      return total;
+    };
+    try {
+      // No master knows hasp's scripts: what a new Cluster, or one restarted, looks like to a new client.
+      await Promise.all(admins.map((a) => a.script('FLUSH').catch(() => undefined)));
+      const before = await noScript();
+      await withClient(async (client) => {
+        const prefix = uniquePrefix('scripts');
+        const locks = new RedisLock(client, { prefix });
+        try {
+          const perMaster = await keysPerMaster(client, 'script', (key) => lockNames(prefix, key).lock);
+          // One master at a time: each call of the script after the first one goes to a master that has not run it.
+          for (const [key] of perMaster.values()) await (await locks.acquire(key!)).release();
+        } finally {
+          locks.close();
+        }
+      });
+      expect(await noScript()).toBe(before);
+    } finally {
+      for (const a of admins) a.disconnect();
+    }
+  });
+});
+
 describe('the HTTP rate limiter on a Cluster', () => {
   it('takes a policy name with braces (it goes into the bucket prefix) and limits per key', async () => {
     await withClient(async (client) => {

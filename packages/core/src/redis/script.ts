@@ -12,11 +12,45 @@ import { createHash } from 'node:crypto';
 import type { RedisClient } from '../types.js';
 import { batchWrites, sendIfFull, writeNow } from './auto-pipeline.js';
 import { unavailable } from './call.js';
+import { hashSlot } from './keys.js';
 
 // The scripts each connection has been sent with EVAL. Keyed by the client's socket, so after a reconnect (perhaps to a
 // restarted or failed-over server that lost its scripts) the first call sends EVAL again instead of paying a NOSCRIPT
-// round trip. Cluster clients have no single socket: keyed by the client, the NOSCRIPT fallback covers the other nodes.
+// round trip. Cluster clients have no single socket: keyed by the client and the master its slot map names for the
+// call's keys (a stale map costs a NOSCRIPT round trip). Keyed by the client alone, a script first run on one master
+// went to the others as EVALSHA, met NOSCRIPT, and came back as EVAL after the calls made meanwhile: a waiter's attempt
+// could land after its own LEAVE and put it back in the line.
 const known = new WeakMap<object, Set<string>>();
+const knownOnNodes = new WeakMap<object, Map<string, Set<string>>>();
+
+/** The set of scripts `client` has sent with EVAL where a call on `keys` goes. */
+function knownFor(client: RedisClient, keys: readonly string[]): Set<string> {
+  const stream = (client as { stream?: object }).stream;
+  let scripts: Set<string> | undefined;
+  if (stream !== undefined || keys.length === 0) {
+    const connection = stream ?? client;
+    scripts = known.get(connection);
+    if (scripts === undefined) {
+      scripts = new Set();
+      known.set(connection, scripts);
+    }
+    return scripts;
+  }
+  const c = client as { slots?: (string[] | undefined)[]; options?: { keyPrefix?: unknown } };
+  const keyPrefix = typeof c.options?.keyPrefix === 'string' ? c.options.keyPrefix : '';
+  const node = c.slots?.[hashSlot(keyPrefix + keys[0]!)]?.[0] ?? '';
+  let nodes = knownOnNodes.get(client);
+  if (nodes === undefined) {
+    nodes = new Map();
+    knownOnNodes.set(client, nodes);
+  }
+  scripts = nodes.get(node);
+  if (scripts === undefined) {
+    scripts = new Set();
+    nodes.set(node, scripts);
+  }
+  return scripts;
+}
 
 // Every script in creation order: the bundle runs those that existed when it was built, by index.
 const registry: Script[] = [];
@@ -89,12 +123,7 @@ export class Script {
    * EVALSHA and fall back to EVAL once if the server lost the script (SCRIPT FLUSH, failover).
    */
   send(client: RedisClient, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
-    const connection = (client as { stream?: object }).stream ?? client;
-    let scripts = known.get(connection);
-    if (scripts === undefined) {
-      scripts = new Set();
-      known.set(connection, scripts);
-    }
+    const scripts = knownFor(client, keys);
     if (!scripts.has(this.sha)) {
       // Marked at once: our later calls go out after this one on the same connection, so the server knows it by then.
       scripts.add(this.sha);
@@ -106,11 +135,8 @@ export class Script {
       if (!isNoScript(error)) throw error;
       // The server lost its scripts (SCRIPT FLUSH): not this one only. The next call of each other script goes as EVAL
       // too, instead of meeting NOSCRIPT and coming back for a second trip that a command sent meanwhile overtakes.
-      const set = known.get(connection);
-      if (set !== undefined) {
-        set.clear();
-        set.add(this.sha);
-      }
+      scripts.clear();
+      scripts.add(this.sha);
       return client.eval(this.source, keys.length, ...keys, ...args);
     });
   }
