@@ -1040,6 +1040,52 @@ describe('RedisLock hand-overs Redis refuses', () => {
     const next = await other.acquire('k', { wait: 5_000 });
     await next.release();
   });
+
+  it('covers the last heir of a chain whose first hand-over Redis ran and whose second it refused', async () => {
+    const proxy = await startProxy(node.port);
+    const via = new Redis({ host: '127.0.0.1', port: proxy.port });
+    const prefix = uniquePrefix('refused-chain');
+    const chainNames = lockNames(prefix, 'k');
+    const chained = new RedisLock(via, { prefix, ttl: 8_000 });
+    const outsider = new RedisLock(node.client(), { prefix });
+    try {
+      type Local = Map<string, { ahead?: Set<string> | null }[]>;
+      const local = (chained as unknown as { store: { local: Local } }).store.local;
+      const first = await chained.acquire('k');
+      const waiting: Promise<Lease>[] = [];
+      for (let i = 0; i < 2; i++) {
+        waiting.push(chained.acquire('k', { wait: 10_000 }));
+        await until(() => local.get('k')?.[i]?.ahead?.size === i, 3_000, `waiter ${i} to know who is ahead of it`);
+      }
+      // The first hand-over runs, but its reply is held: the process does not know yet.
+      const pass = proxy.holdReplies();
+      const released = first.release();
+      const h1 = await waiting[0]!;
+      await until(async () => (await admin.get(chainNames.lock))?.startsWith(`${h1.token} `) === true, 2_000, 'the first hand-over to run');
+      const readOnly = async () => Number(/errorstat_READONLY:count=(\d+)/.exec(await admin.info('errorstats'))?.[1] ?? 0);
+      const refusals = await readOnly();
+      await refuse();
+      // The second is refused: the lock stays under the first heir's token, which the last heir's cover must name.
+      const handedOn = h1.release();
+      const h2 = await waiting[1]!;
+      await until(async () => (await readOnly()) > refusals, 2_000, 'the second hand-over to be refused');
+      await recover();
+      pass();
+      expect(await released).toBe(true);
+      expect(await handedOn).toBe(true);
+      await h2.extend(20_000);
+      expect(await admin.pttl(chainNames.lock)).toBeGreaterThan(15_000);
+      expect(await h2.release()).toBe(true);
+      expect(await admin.exists(chainNames.lock)).toBe(0);
+      const next = await outsider.acquire('k', { wait: 5_000 });
+      await next.release();
+    } finally {
+      chained.close();
+      outsider.close();
+      via.disconnect();
+      await proxy.close();
+    }
+  });
 });
 
 describe('RedisLock holds of a lock with an owner', () => {

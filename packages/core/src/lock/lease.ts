@@ -54,6 +54,8 @@ export class LeaseImpl implements Lease {
     private readonly ties?: LeaseTies,
     /** The id of its hold of a lock with an owner (Grant.hold), which its release names; '' for none. */
     readonly hold = '',
+    /** The tokens Redis may still hold its lock under (Grant.cover), which its extensions and release name; '' for none. */
+    readonly cover = '',
   ) {
     this.expiry = expiresAt;
     this.armExpiry();
@@ -100,7 +102,7 @@ export class LeaseImpl implements Lease {
       // its reply, arriving after this lease ended, changes nothing (doExtend), and a lock it put back on a Redlock
       // node is taken off again (RedlockStore.restore).
       const from = live && this.store.now() < this.expiry ? { fence: this.fence, expiresAt: this.expiry } : undefined;
-      const held = await this.store.release(this.key, this.token, from, this.ties?.shared() ?? false, this.hold, this.heldUntil());
+      const held = await this.store.release(this.key, this.token, from, this.ties?.shared() ?? false, this.hold, this.heldUntil(), this.cover);
       this.released = true;
       return held;
     })();

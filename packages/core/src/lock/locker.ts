@@ -427,7 +427,7 @@ export abstract class BaseLocker implements Locker {
     }
     const token = result.token;
     const ties = o.owner === '' ? undefined : this.tie(token);
-    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties, result.hold);
+    const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties, result.hold, result.cover);
     // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
     result.confirmation?.then((at) => {
       if (at === null) lease.lose(new LockLostError(key, 'the lock could not be handed over to this lease: the releasing lease had ended'));
@@ -440,7 +440,9 @@ export abstract class BaseLocker implements Locker {
   private handBack(key: string, grant: Grant): void {
     // Until its ttl at most: a store that sends it again where it failed (Redlock, whose every round has its own token
     // and hold) stops then.
-    this.store.release(key, grant.token, undefined, this.liveLeases.has(grant.token), grant.hold, this.store.now() + grant.ttl).catch(() => undefined);
+    this.store.release(key, grant.token, undefined, this.liveLeases.has(grant.token), grant.hold, this.store.now() + grant.ttl, grant.cover).catch(
+      () => undefined,
+    );
   }
 
   // Leases of one owner nest under one token (a lease without an owner is always its lock's only hold): counted while

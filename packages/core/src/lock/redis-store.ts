@@ -70,6 +70,8 @@ interface Unsure {
 
 /** Tokens of this process's waiters that left a line lately, remembered per locker (see RedisLockStore.left). */
 const LEFT_MAX = 1_024;
+// A chain of hand-overs within the process that Redis has not recorded is covered this far back (see handOver).
+const COVER_MAX = 16;
 
 /** A waiter of this process, in its key's line. */
 interface LocalWaiter {
@@ -96,9 +98,6 @@ export class RedisLockStore implements LockStore {
   // Tokens a release of this process named as its heir, oldest first (see releaseUnsure), while the lock may be theirs:
   // until every release that named one has answered that it went to someone else.
   private readonly named = new Set<string>();
-  // Heirs a release here let in (see handOver), each with its cover: the token Redis holds the lock under for it until
-  // it records the hand-over, and for good if it refused to. Its extensions and release name both (see RELEASE).
-  private readonly covers = new Map<string, string>();
   // How many releases that named each of those are still to answer.
   private readonly naming = new Map<string, number>();
   // Give-backs of named tokens' acquires put off while the lock may be theirs (see notHandedTo).
@@ -217,21 +216,21 @@ export class RedisLockStore implements LockStore {
 
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
     const n = lockNames(this.prefix, key);
-    const cover = this.covers.get(token);
+    const cover = held?.cover ?? '';
     const hold = held?.hold ?? '';
-    const args = cover !== undefined ? [token, ttl, hold, cover] : hold === '' ? [token, ttl] : [token, ttl, hold];
+    const args = cover !== '' ? [token, ttl, hold, cover] : hold === '' ? [token, ttl] : [token, ttl, hold];
     const left = Number(await this.call('extend', () => EXTEND.run(this.client, [n.lock], args)));
     return left < 0 ? null : left;
   }
 
-  release(key: string, token: string, from?: Releasing, _shared?: boolean, hold = ''): Promise<boolean> {
+  release(key: string, token: string, from?: Releasing, _shared?: boolean, hold = '', _until?: number, cover = ''): Promise<boolean> {
     const n = lockNames(this.prefix, key);
     const heir = this.local.get(key)?.[0];
     if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered) {
       const now = this.now();
       // The heir is covered by the releasing lease until that ends, and by its own once Redis has recorded it.
       const expiresAt = Math.min(from.expiresAt, now + heir.ttl - this.drift(heir.ttl));
-      if (expiresAt - now >= heir.ttl / 2) return this.handOver(n, key, token, heir, from.fence + 1, now, expiresAt);
+      if (expiresAt - now >= heir.ttl / 2) return this.handOver(n, key, token, heir, from.fence + 1, now, expiresAt, cover);
     }
     // The reply is 0 (not held), 1 (released), or {1, fence} when the lock went straight to `heir`.
     let handOff: ((reply: unknown) => void) | undefined;
@@ -246,7 +245,7 @@ export class RedisLockStore implements LockStore {
         }
       };
     }
-    return this.call('release', () => this.releaseScript(n, token, heir, hold, this.covers.get(token)), handOff, (reply) => {
+    return this.call('release', () => this.releaseScript(n, token, heir, hold, cover), handOff, (reply) => {
       handOff?.(reply);
       return Array.isArray(reply) || Number(reply) !== 0;
     });
@@ -362,7 +361,7 @@ export class RedisLockStore implements LockStore {
    * its reply the heir's lease runs on the releasing one (`expiresAt`): the lock stays under the releasing token there,
    * so nobody else can take it. Resolves whether the releasing token held the lock.
    */
-  private handOver(n: LockNames, key: string, token: string, heir: LocalWaiter, fence: number, since: number, expiresAt: number): Promise<boolean> {
+  private handOver(n: LockNames, key: string, token: string, heir: LocalWaiter, fence: number, since: number, expiresAt: number, cover: string): Promise<boolean> {
     let settle!: (expiresAt: number | null) => void;
     const confirmation = new Promise<number | null>((resolve) => (settle = resolve));
     this.dropLocal(key, heir);
@@ -371,19 +370,16 @@ export class RedisLockStore implements LockStore {
     // the same way and its own TRANSFER has not run either, under that one's cover): the heir's commands sent meanwhile,
     // which Redis runs after the TRANSFER, name it too. Refused (READONLY, MISCONF, ...), the TRANSFER never runs, and the
     // heir holds there for good. (Sent again, it could land after the heir's own release and hold the key for nobody.)
-    const cover = this.covers.get(token) ?? token;
-    makeRoom(this.covers, LEFT_MAX);
-    this.covers.set(heir.token, cover);
-    heir.granted({ ok: true, token: heir.token, fence, ttl: heir.ttl, expiresAt, confirmation, hold: holdId(heir.token, heir.owner) }, since);
+    const covers = cover === '' ? [token] : [token, ...cover.split(' ')];
+    const heirCover = covers.slice(0, COVER_MAX).join(' ');
+    heir.granted({ ok: true, token: heir.token, fence, ttl: heir.ttl, expiresAt, confirmation, hold: holdId(heir.token, heir.owner), cover: heirCover }, since);
     const recorded = (reply: unknown): boolean => {
       const r = Number(reply);
-      // Recorded (1), or nothing to hold under (0, -1: the heir is lost): no cover any more.
-      this.covers.delete(heir.token);
       settle(r === 1 ? since + heir.ttl - this.drift(heir.ttl) : null);
       return r !== 0;
     };
     const args = [token, heir.token, fence, heir.ttl, ownerName(heir.owner)];
-    if (cover !== token) args.push(cover);
+    if (cover !== '') args.push(cover);
     return this.call('release', () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args), recorded, recorded).catch(() => {
       // Not recorded (yet): the heir keeps the releasing lease's time, and a late reply still settles it. For the
       // releasing holder the lock has passed on either way.
@@ -392,11 +388,11 @@ export class RedisLockStore implements LockStore {
   }
 
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
-  private releaseScript(n: LockNames, token: string, heir?: LocalWaiter, hold = '', cover?: string): Promise<unknown> {
+  private releaseScript(n: LockNames, token: string, heir?: LocalWaiter, hold = '', cover = ''): Promise<unknown> {
     if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], releaseArgs(token, hold, '', '', cover));
     this.noteHeir(heir.token);
     const args = [token, heir.token, heir.ttl, ownerName(heir.owner)];
-    if (cover !== undefined) args.push('', hold, '', cover);
+    if (cover !== '') args.push('', hold, '', cover);
     else if (hold !== '') args.push('', hold);
     return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args);
   }

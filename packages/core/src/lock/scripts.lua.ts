@@ -336,11 +336,12 @@ local lockKey = KEYS[1]          -- the lock
 local token = ARGV[1]            -- the holder's token
 local ttl = tonumber(ARGV[2])    -- minimum ms left afterwards
 local hold = ARGV[3] or ''       -- the hold's id, for a lock with an owner, or ''
-local cover = ARGV[4]            -- the token Redis may still hold the lock under for this lease (see RELEASE), or none
+local cover = ARGV[4]            -- tokens Redis may still hold the lock under for this lease (see RELEASE), or none
 
 local cur = redis.call('GET', lockKey)
-if cur and cover and string.sub(cur, 1, #cover + 1) == cover .. ' ' then
-  token, hold = cover, ''
+if cur and cover then
+  local t = string.match(cur, '^(%S+) ')
+  if t and string.find(' ' .. cover .. ' ', ' ' .. t .. ' ', 1, true) then token, hold = t, '' end
 end
 if not cur or string.sub(cur, 1, #token + 1) ~= token .. ' ' then return -1 end
 local pttl = redis.call('PTTL', lockKey)
@@ -394,20 +395,24 @@ local hold = ARGV[6] or ''           -- the hold's id, for a lock with an owner,
 -- the round re-entered (this token's), where it is the new lease's.
 local spare = ARGV[7]
 -- RedisLock: an heir let in by a hand-over within its process (see TRANSFER) holds under the releasing lease's token
--- (its cover) until Redis records the hand-over, and for good when Redis refused to (a replica's READONLY, MISCONF):
--- found under that token, the lock is released as the heir's, and the heir leaves the line the hand-over took it out of.
+-- until Redis records the hand-over, and for good when Redis refused to (a replica's READONLY, MISCONF); along a chain
+-- of such hand-overs, under any of the tokens before it. Those are its cover (space-separated): found under one, the
+-- lock is released as the heir's, and the heir leaves the line the hand-over took it out of.
 local cover = ARGV[8]
 local channel = lockKey .. ':w'      -- wake-up channel of this key
 ${CONSTANTS}local now = nil
 
 -- The common case first, before any helper is defined: our only hold, nobody refused meanwhile.
 local cur = redis.call('GET', lockKey)
-if cur and cover and string.find(cur, cover .. ' ', 1, true) == 1 then
-  if queueKey then
-    redis.call('ZREM', queueKey, token)
-    redis.call('HDEL', deadlinesKey, token)
+if cur and cover then
+  local t = string.match(cur, '^(%S+) ')
+  if t and string.find(' ' .. cover .. ' ', ' ' .. t .. ' ', 1, true) then
+    if queueKey then
+      redis.call('ZREM', queueKey, token)
+      redis.call('HDEL', deadlinesKey, token)
+    end
+    token, hold = t, ''
   end
-  token, hold = cover, ''
 end
 local f, n, w, shorter
 if hold == '' then
@@ -512,7 +517,7 @@ local to = ARGV[2]                   -- the waiter let in
 local fence = ARGV[3]                -- its fence
 local ttl = tonumber(ARGV[4])        -- its lease time in ms
 local owner = ARGV[5]                -- its reentrancy owner
-local cover = ARGV[6]                -- the releasing holder's own cover (it was let in this way too), or none
+local cover = ARGV[6]                -- the releasing holder's own cover (it was let in this way too: see RELEASE), or none
 local channel = lockKey .. ':w'      -- wake-up channel of this key
 ${CONSTANTS}local now = nil
 ${FIRST_LIVE}${WAKE_FIRST}
@@ -522,7 +527,7 @@ if cur then t, f, n, w, o = parse(cur) end
 if t == to then return 1 end
 redis.call('ZREM', queueKey, to)
 redis.call('HDEL', deadlinesKey, to)
-if t ~= from and (not cover or t ~= cover) then
+if t ~= from and not (cover and t and string.find(' ' .. cover .. ' ', ' ' .. t .. ' ', 1, true)) then
   if not cur then wakeFirst() end
   return 0
 end

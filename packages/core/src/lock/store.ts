@@ -27,6 +27,12 @@ export type AttemptResult =
        * release names; '' or absent for a lock without an owner.
        */
       readonly hold?: string;
+      /**
+       * A lock let in by a hand-over within this process (see `Releasing`): the tokens, space-separated, Redis may still
+       * hold the lock under for this lease, the releasing lease's first, until it records the hand-over (and for good if
+       * it refused to). The lease's extensions and release name them.
+       */
+      readonly cover?: string;
     }
   | {
       readonly ok: false;
@@ -61,6 +67,8 @@ export interface Held {
   readonly expiresAt: number;
   /** Its hold's id (Grant.hold), '' for none. */
   readonly hold: string;
+  /** Its cover (Grant.cover), '' for none. */
+  readonly cover?: string;
   /** Whether it has ended (released or lost) by now: its lock is not to be put back then. */
   readonly over?: boolean;
 }
@@ -89,9 +97,9 @@ export interface LockStore {
    * store's locker still hold under `token` (nested leases of one owner): the lock stays theirs. `hold` names the hold
    * to drop of a lock with an owner (Grant.hold): so a release that runs twice drops it only once. `until` (store clock):
    * how long the lock may stay where the release failed, for a store that sends it there again meanwhile (Redlock,
-   * whose release is decided by a quorum without the failed nodes).
+   * whose release is decided by a quorum without the failed nodes). `cover`: Grant.cover.
    */
-  release(key: string, token: string, from?: Releasing, shared?: boolean, hold?: string, until?: number): Promise<boolean>;
+  release(key: string, token: string, from?: Releasing, shared?: boolean, hold?: string, until?: number, cover?: string): Promise<boolean>;
   /**
    * Calls `wake` when `key` may have been freed, with the token of the waiter it was handed to ('' when anyone may try). Resolves once listening is active; rejects if it cannot be set up,
    * in which case the waiter polls.
