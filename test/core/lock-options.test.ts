@@ -88,8 +88,12 @@ describe('locker clients', () => {
       await expectInvalid(() => new RedisLock(cluster(keyPrefix)), 'redis');
       await expectInvalid(() => new Redlock([client(), cluster(keyPrefix), client()]), 'clients[1]');
     }
+    // With hasp's prefix too: a keyPrefix left open and a prefix that closes it at once.
+    await expectInvalid(() => new RedisLock(cluster('x{'), { prefix: '}lock:' }), 'redis');
+    await expectInvalid(() => new Redlock([client(), cluster('a}{')], { prefix: '}' }), 'clients[1]');
     // A complete tag puts every key in one slot, which works; so does a tag that hasp's names close.
     for (const keyPrefix of ['app:', 'app{x}:', 'x{']) new RedisLock(cluster(keyPrefix)).close();
+    new RedisLock(cluster('x{'), { prefix: 'a}' }).close();
   });
 
   it('Redlock needs a non-empty array of distinct ioredis clients', async () => {

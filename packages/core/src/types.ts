@@ -77,9 +77,11 @@ export interface Lease {
   extend(ttl?: number): Promise<void>;
   /**
    * Releases this lease. Idempotent: resolves `true` when this call released a lease that was still held,
-   * `false` when it was already released or had expired or been lost. For a nested lease (same `owner`) that is
-   * `true` too, although the lock stays held until the last of its leases is released or has run out.
-   * @throws {@link LockUnavailableError} when the store cannot answer (the lock then expires by its ttl); calling again retries
+   * `false` when it was already released or had expired or been lost (and when ioredis sent it again after a
+   * reconnect and only the second run was answered: that run found nothing left to drop). For a nested lease (same
+   * `owner`) that is `true` too, although the lock stays held until the last of its leases is released or has run out.
+   * @throws {@link LockUnavailableError} when the store cannot answer; hasp sends it again in the background until it
+   *   gets through or the lease would have ended, and calling again retries too
    */
   release(): Promise<boolean>;
 }

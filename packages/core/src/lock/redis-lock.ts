@@ -28,7 +28,8 @@ export class RedisLock extends BaseLocker {
   /**
    * @param redis - an ioredis `Redis` or `Cluster`; hasp never changes its configuration
    * @param options - see {@link RedisLockOptions}
-   * @throws TypeError or RangeError naming the option when an option is invalid
+   * @throws TypeError or RangeError naming the option when an option is invalid, also for a Cluster client whose
+   *   `keyPrefix` with `prefix` opens an empty hash tag `{}` (every lock script would fail `CROSSSLOT`)
    */
   constructor(redis: RedisClient, options?: RedisLockOptions) {
     assertClient('redis', redis);
@@ -36,25 +37,33 @@ export class RedisLock extends BaseLocker {
     v.knownKeys('RedisLock', v.definedOnly(options), OPTIONS);
     const base = resolveLockerOptions(o);
     const prefix = checkPrefix(v.string('prefix', o.prefix));
+    assertLockNames('redis', redis, prefix);
     const timeout = v.duration('timeout', o.timeout);
     super(new RedisLockStore(redis, prefix, timeout, REDIS_LOCK_DEFAULTS.driftFactor), base);
   }
 }
 
-/** Checks that `value` looks like an ioredis client, and that hasp's names can work through it. */
+/** Checks that `value` looks like an ioredis client. */
 export function assertClient(name: string, value: unknown): void {
-  const c = value as { evalsha?: unknown; duplicate?: unknown; isCluster?: unknown; options?: { keyPrefix?: unknown } } | null;
+  const c = value as { evalsha?: unknown; duplicate?: unknown } | null;
   if (typeof c !== 'object' || c === null || typeof c.evalsha !== 'function' || typeof c.duplicate !== 'function') {
     throw new TypeError(`${name} must be an ioredis Redis or Cluster instance, got ${v.describe(value)}`);
   }
-  // ioredis puts its keyPrefix in front of hasp's names. On a Cluster, an empty hash tag '{}' opening there makes Redis
-  // hash each whole name, so the names of one lock or bucket land in different slots and every script fails
-  // (CROSSSLOT). (A complete tag such as 'app{x}:' works: it puts all of hasp's keys in one slot.)
-  const keyPrefix = c.options?.keyPrefix;
-  if (c.isCluster === true && typeof keyPrefix === 'string') {
-    const open = keyPrefix.indexOf('{');
-    if (open >= 0 && keyPrefix[open + 1] === '}') {
-      throw new TypeError(`${name}'s keyPrefix opens an empty Cluster hash tag '{}', so the keys of one lock or bucket would land in different slots: got ${JSON.stringify(keyPrefix)}`);
-    }
+}
+
+/**
+ * Checks that the names of one lock share a Cluster slot through `client`: ioredis puts its keyPrefix in front of hasp's
+ * `prefix`, and an empty hash tag '{}' opening there makes Redis hash each whole name, so the names of one lock land in
+ * different slots and every script fails (CROSSSLOT). (A complete tag such as 'app{x}:' works: every key in one slot.)
+ */
+export function assertLockNames(name: string, client: unknown, prefix: string): void {
+  const c = client as { isCluster?: unknown; options?: { keyPrefix?: unknown } };
+  if (c.isCluster !== true) return;
+  const names = (typeof c.options?.keyPrefix === 'string' ? c.options.keyPrefix : '') + prefix;
+  const open = names.indexOf('{');
+  if (open >= 0 && names[open + 1] === '}') {
+    throw new TypeError(
+      `${name}'s keyPrefix and prefix open an empty Cluster hash tag '{}', so the keys of one lock would land in different slots: got ${JSON.stringify(names)}`,
+    );
   }
 }

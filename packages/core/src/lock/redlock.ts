@@ -3,7 +3,7 @@ import { checkPrefix } from '../redis/keys.js';
 import type { RedisClient, RedlockOptions } from '../types.js';
 import * as v from '../util/validate.js';
 import { BaseLocker, resolveLockerOptions } from './locker.js';
-import { REDIS_LOCK_DEFAULTS, assertClient } from './redis-lock.js';
+import { REDIS_LOCK_DEFAULTS, assertClient, assertLockNames } from './redis-lock.js';
 import { RedlockStore } from './redlock-store.js';
 
 const OPTIONS = ['ttl', 'wait', 'onError', 'prefix', 'timeout', 'driftFactor', 'quorum', 'nodeTimeout', 'retryCount', 'retryDelay'] as const;
@@ -34,7 +34,8 @@ export class Redlock extends BaseLocker {
   /**
    * @param clients - ioredis clients of independent masters (not replicas of each other); 1 or more
    * @param options - see {@link RedlockOptions}
-   * @throws TypeError or RangeError naming the option when an option is invalid
+   * @throws TypeError or RangeError naming the option when an option is invalid, also for a Cluster client whose
+   *   `keyPrefix` with `prefix` opens an empty hash tag `{}` (every lock script would fail `CROSSSLOT`)
    */
   constructor(clients: readonly RedisClient[], options?: RedlockOptions) {
     if (!Array.isArray(clients) || clients.length === 0) {
@@ -55,9 +56,11 @@ export class Redlock extends BaseLocker {
     const driftFactor = v.positiveNumber('driftFactor', o.driftFactor, true);
     if (driftFactor >= 1) throw new RangeError(`driftFactor must be below 1, got ${driftFactor}`);
     const base = resolveLockerOptions(o);
+    const prefix = checkPrefix(v.string('prefix', o.prefix));
+    clients.forEach((c, i) => assertLockNames(`clients[${i}]`, c, prefix));
     super(
       new RedlockStore(clients, {
-        prefix: checkPrefix(v.string('prefix', o.prefix)),
+        prefix,
         timeout: v.duration('timeout', o.timeout),
         nodeTimeout: o.nodeTimeout === undefined ? undefined : v.duration('nodeTimeout', o.nodeTimeout),
         driftFactor,

@@ -126,8 +126,15 @@ export class Script {
     const scripts = knownFor(client, keys);
     if (!scripts.has(this.sha)) {
       // Marked at once: our later calls go out after this one on the same connection, so the server knows it by then.
-      scripts.add(this.sha);
-      return client.eval(this.source, keys.length, ...keys, ...args);
+      // On a Cluster only once it ran, on the master the slot map names by then: a stale map sent it elsewhere (MOVED).
+      if ((client as { stream?: object }).stream !== undefined || keys.length === 0) {
+        scripts.add(this.sha);
+        return client.eval(this.source, keys.length, ...keys, ...args);
+      }
+      return client.eval(this.source, keys.length, ...keys, ...args).then((reply) => {
+        knownFor(client, keys).add(this.sha);
+        return reply;
+      });
     }
     // Spread, not passed as arrays: ioredis flattens every command's arguments, and flattening nested arrays made its
     // Command constructor about 30% slower (1.3 against 1.0 µs here), more than the spread costs.
