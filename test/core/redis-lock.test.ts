@@ -1041,6 +1041,26 @@ describe('RedisLock hand-overs Redis refuses', () => {
     await next.release();
   });
 
+  it('sends the hand-over after sixteen unrecorded ones through Redis, which frees the key once it recovers', async () => {
+    const count = 17;
+    const first = await locks.acquire('k');
+    const waiting = await localWaiters(count);
+    waiting[count - 1]!.catch(() => undefined);
+    await refuse();
+    let holder = first;
+    for (let i = 0; i < count - 1; i++) {
+      void holder.release().catch(() => undefined);
+      holder = await waiting[i]!;
+    }
+    // The sixteenth heir's cover is full: its release goes to Redis, which refuses it (it is sent again later).
+    expect(await rejection(holder.release())).toBeInstanceOf(LockUnavailableError);
+    await recover();
+    const last = await waiting[count - 1]!;
+    expect(last.signal.aborted).toBe(false);
+    expect(await last.release()).toBe(true);
+    expect(await admin.exists(names.lock)).toBe(0);
+  });
+
   it('covers the last heir of a chain whose first hand-over Redis ran and whose second it refused', async () => {
     const proxy = await startProxy(node.port);
     const via = new Redis({ host: '127.0.0.1', port: proxy.port });

@@ -70,8 +70,14 @@ interface Unsure {
 
 /** Tokens of this process's waiters that left a line lately, remembered per locker (see RedisLockStore.left). */
 const LEFT_MAX = 1_024;
-// A chain of hand-overs within the process that Redis has not recorded is covered this far back (see handOver).
+// A chain of hand-overs within the process that Redis has not recorded is covered this far back (see handOver): a
+// longer one goes through Redis.
 const COVER_MAX = 16;
+
+/** How many tokens a cover names. */
+function coverLength(cover: string): number {
+  return cover === '' ? 0 : cover.split(' ').length;
+}
 
 /** A waiter of this process, in its key's line. */
 interface LocalWaiter {
@@ -226,7 +232,8 @@ export class RedisLockStore implements LockStore {
   release(key: string, token: string, from?: Releasing, _shared?: boolean, hold = '', _until?: number, cover = ''): Promise<boolean> {
     const n = lockNames(this.prefix, key);
     const heir = this.local.get(key)?.[0];
-    if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered) {
+    // A chain already as long as a cover can name (see handOver) goes through Redis instead.
+    if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered && coverLength(cover) < COVER_MAX) {
       const now = this.now();
       // The heir is covered by the releasing lease until that ends, and by its own once Redis has recorded it.
       const expiresAt = Math.min(from.expiresAt, now + heir.ttl - this.drift(heir.ttl));
@@ -370,8 +377,7 @@ export class RedisLockStore implements LockStore {
     // the same way and its own TRANSFER has not run either, under that one's cover): the heir's commands sent meanwhile,
     // which Redis runs after the TRANSFER, name it too. Refused (READONLY, MISCONF, ...), the TRANSFER never runs, and the
     // heir holds there for good. (Sent again, it could land after the heir's own release and hold the key for nobody.)
-    const covers = cover === '' ? [token] : [token, ...cover.split(' ')];
-    const heirCover = covers.slice(0, COVER_MAX).join(' ');
+    const heirCover = cover === '' ? token : `${token} ${cover}`;
     heir.granted({ ok: true, token: heir.token, fence, ttl: heir.ttl, expiresAt, confirmation, hold: holdId(heir.token, heir.owner), cover: heirCover }, since);
     const recorded = (reply: unknown): boolean => {
       const r = Number(reply);
@@ -389,7 +395,7 @@ export class RedisLockStore implements LockStore {
 
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
   private releaseScript(n: LockNames, token: string, heir?: LocalWaiter, hold = '', cover = ''): Promise<unknown> {
-    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], releaseArgs(token, hold, '', '', cover));
+    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], releaseArgs(token, hold, '', '', cover === '' ? undefined : cover));
     this.noteHeir(heir.token);
     const args = [token, heir.token, heir.ttl, ownerName(heir.owner)];
     if (cover !== '') args.push('', hold, '', cover);
