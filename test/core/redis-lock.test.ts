@@ -1041,6 +1041,35 @@ describe('RedisLock hand-overs Redis refuses', () => {
     await next.release();
   });
 
+  it('keeps handing over within the process down a long chain while Redis records each hand-over (no cover piles up)', async () => {
+    const count = 24;
+    let holder = await locks.acquire('k');
+    // Sixteen in line at a time (a waiter learns who is ahead of it when at most sixteen are), topped up as they go.
+    const waiting = await localWaiters(16);
+    type Local = Map<string, { ahead?: Set<string> | null }[]>;
+    const local = (locks as unknown as { store: { local: Local } }).store.local;
+    const client = (locks as unknown as { store: { client: Redis } }).store.client;
+    for (let i = 0; i < count; i++) {
+      if (i + 16 < count) {
+        waiting.push(locks.acquire('k', { wait: 10_000 }));
+        await until(() => {
+          const line = local.get('k') ?? [];
+          return line[line.length - 1]?.ahead?.size === line.length - 1;
+        }, 3_000, `waiter ${i + 16} to know who is ahead of it`);
+      }
+      void holder.release();
+      const heir = await waiting[i]!;
+      // Let in within the process: the next fence, not the server clock's.
+      expect(heir.fence).toBe(holder.fence + 1);
+      // Recorded in Redis, and its reply read here (it came before this PING's).
+      await until(async () => (await admin.get(names.lock))?.startsWith(`${heir.token} `) === true, 2_000, `hand-over ${i} recorded`);
+      await client.ping();
+      holder = heir;
+    }
+    expect(await holder.release()).toBe(true);
+    await free();
+  });
+
   it('sends the hand-over after sixteen unrecorded ones through Redis, which frees the key once it recovers', async () => {
     const count = 17;
     const first = await locks.acquire('k');

@@ -54,8 +54,11 @@ export class LeaseImpl implements Lease {
     private readonly ties?: LeaseTies,
     /** The id of its hold of a lock with an owner (Grant.hold), which its release names; '' for none. */
     readonly hold = '',
-    /** The tokens Redis may still hold its lock under (Grant.cover), which its extensions and release name; '' for none. */
-    readonly cover = '',
+    /**
+     * The tokens Redis may still hold its lock under (Grant.cover), which its extensions and release name; '' for none,
+     * and once Redis recorded the hand-over (see confirm).
+     */
+    public cover = '',
   ) {
     this.expiry = expiresAt;
     this.armExpiry();
@@ -190,6 +193,9 @@ export class LeaseImpl implements Lease {
 
   /** The store recorded the hand-over this lease began with: it now holds until `expiresAt` (see Grant.confirmation). */
   confirm(expiresAt: number): void {
+    // Under its own token in Redis now, and whatever this lease sends next runs there after the hand-over: no cover is
+    // needed, and none is passed on (a chain's covers would grow with every hand-over, recorded or not).
+    this.cover = '';
     if (this.ended) {
       // Lost (its time ran out while Redis was slow to record the hand-over) and its holder told so: the lock Redis
       // has just put under its token serves nobody, so hand it back rather than leave the key held for its ttl (a
