@@ -7,7 +7,7 @@ import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
-import { ACQUIRE, EXTEND, holdId, LEAVE, RELEASE, releaseArgs, TRANSFER } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, extendArgs, holdId, LEAVE, RELEASE, releaseArgs, TRANSFER } from './scripts.lua.js';
 import type { AttemptResult, Grant, Held, LockStore, Releasing } from './store.js';
 
 export { FENCE_RETENTION_MS, QUEUE_HEARTBEAT_MS } from './scripts.lua.js';
@@ -222,9 +222,7 @@ export class RedisLockStore implements LockStore {
 
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
     const n = lockNames(this.prefix, key);
-    const cover = held?.cover ?? '';
-    const hold = held?.hold ?? '';
-    const args = cover !== '' ? [token, ttl, hold, cover] : hold === '' ? [token, ttl] : [token, ttl, hold];
+    const args = extendArgs(token, ttl, held?.hold, held?.cover);
     const left = Number(await this.call('extend', () => EXTEND.run(this.client, [n.lock], args)));
     return left < 0 ? null : left;
   }
@@ -395,12 +393,11 @@ export class RedisLockStore implements LockStore {
 
   /** Drops one hold of `token`; at zero, hands the lock to `heir` if it is first in line. */
   private releaseScript(n: LockNames, token: string, heir?: LocalWaiter, hold = '', cover = ''): Promise<unknown> {
-    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], releaseArgs(token, hold, '', '', cover === '' ? undefined : cover));
+    const args = releaseArgs(token, hold, '', '', cover);
+    if (heir === undefined) return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines], args);
     this.noteHeir(heir.token);
-    const args = [token, heir.token, heir.ttl, ownerName(heir.owner)];
-    if (cover !== '') args.push('', hold, '', cover);
-    else if (hold !== '') args.push('', hold);
-    return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args);
+    // The heir's three in their places after the token, and the rest as without one.
+    return RELEASE.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], [token, heir.token, heir.ttl, ownerName(heir.owner), ...args.slice(4)]);
   }
 
   // One promise, not an async function or a chain: this runs twice per lock cycle, and every await costs a tick.

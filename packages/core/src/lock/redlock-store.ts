@@ -16,7 +16,7 @@ import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bound
 import { monotonicNow } from '../util/clock.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
-import { ACQUIRE, EXTEND, holdId, LEAVE, RAISE_FENCE, RELEASE, releaseArgs, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, extendArgs, holdId, LEAVE, RAISE_FENCE, RELEASE, releaseArgs, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
 import type { AttemptResult, Held, LockStore } from './store.js';
 
 /** Floor of the default per-node timeout: below it, a loaded but healthy node would count as failed. */
@@ -123,7 +123,7 @@ export class RedlockStore implements LockStore {
     const q = this.s.quorum;
     const timeout = this.nodeTimeout(ttl);
     const keys = [n.lock];
-    const args = held === undefined || held.hold === '' ? [token, ttl] : [token, ttl, held.hold];
+    const args = extendArgs(token, ttl, held?.hold);
     // Nodes that answered, after the round was decided, that they no longer held the lock; then how to restore it there.
     const lateMissing: number[] = [];
     let restore: ((i: number) => void) | undefined;

@@ -24,13 +24,19 @@ export function holdId(token: string, owner: string): string {
 
 /**
  * RELEASE's arguments without an heir: the token, and when given, the name the holder kept in the line (Redlock), its
- * hold's id (a lock with an owner), a lock token whose holds stay (`spare`), and the token it may hold under (`cover`):
- * see RELEASE.
+ * hold's id (a lock with an owner), a lock token whose holds stay (`spare`), and the tokens it may hold under (`cover`):
+ * see RELEASE. Only as many as are given go out: every argument costs on every call.
  */
-export function releaseArgs(token: string, hold = '', leaving = '', spare = '', cover?: string): string[] {
-  if (cover !== undefined) return [token, '', '', '', leaving, hold, spare, cover];
+export function releaseArgs(token: string, hold = '', leaving = '', spare = '', cover = ''): string[] {
+  if (cover !== '') return [token, '', '', '', leaving, hold, spare, cover];
   if (spare !== '') return [token, '', '', '', leaving, hold, spare];
   return hold === '' && leaving === '' ? [token] : [token, '', '', '', leaving, hold];
+}
+
+/** EXTEND's arguments: the token and ttl, and when given, the hold's id and the cover (see EXTEND). */
+export function extendArgs(token: string, ttl: number, hold = '', cover = ''): (string | number)[] {
+  if (cover !== '') return [token, ttl, hold, cover];
+  return hold === '' ? [token, ttl] : [token, ttl, hold];
 }
 
 /** Upper bound on one sleep of a waiter between attempts (ms): covers a lost wake-up message. */
@@ -99,7 +105,28 @@ local function kept(holds, ms, id)
   end
   return table.concat(out, ','), last, own
 end
+-- Writes the lock (t, f, w, o) with \`holds\`, to live until the latest of them: \`last\`, that of the holds it kept, and
+-- \`d\`, that of the one it adds (0 for none). A hold without a deadline (last: math.huge) keeps the key's ttl, at least d.
+local function writeHolds(t, f, holds, w, o, last, d, ms)
+  local value = t .. ' ' .. f .. ' ' .. holds .. ' ' .. w .. ' ' .. o
+  if last ~= math.huge then
+    redis.call('SET', lockKey, value, 'PX', math.max(last, d) - ms)
+  elseif d > 0 then
+    redis.call('SET', lockKey, value, 'PX', math.max(redis.call('PTTL', lockKey), d - ms))
+  else
+    redis.call('SET', lockKey, value, 'XX', 'KEEPTTL')
+  end
+end
+-- The holds \`rest\` with hold \`id\` ending at \`d\` added.
+local function withHold(rest, id, d)
+  local hold = id .. ':' .. string.format('%d', d)
+  if rest == '' then return hold end
+  return rest .. ',' .. hold
+end
 `;
+
+// Lua: whether the lock token \`t\` is one of the space-separated tokens in \`cover\` (see RELEASE).
+const IN_COVER = "string.find(' ' .. cover .. ' ', ' ' .. t .. ' ', 1, true)";
 
 // A new lock's holds: its one hold, with an owner named by the id of the acquire that took it and ending with its ttl
 // (see the top). Needs clock().
@@ -268,8 +295,8 @@ if cur then
   -- The same owner nests; our own token means an earlier attempt of ours already landed here (a retry). So does our
   -- own hold among the holds: this very command ran before (sent again after a reconnect), and added it then.
   if (owner ~= '' and o == owner) or t == token then
-    local pttl = redis.call('PTTL', lockKey)
     if owner == '' then
+      local pttl = redis.call('PTTL', lockKey)
       if pttl < ttl then
         redis.call('PEXPIRE', lockKey, ttl)
         pttl = ttl
@@ -279,16 +306,9 @@ if cur then
     -- Our hold, for ttl from now (one added before by this very command is replaced), beside the others that have not
     -- ended; the key lives until the latest of them.
     local ms = msNow()
-    local rest, last = kept(n, ms, string.sub(token, 1, ${HOLD_ID_LENGTH}))
-    local d = ms + ttl
-    local holds = string.sub(token, 1, ${HOLD_ID_LENGTH}) .. ':' .. string.format('%d', d)
-    if rest ~= '' then holds = rest .. ',' .. holds end
-    if last == math.huge then
-      if pttl < ttl then pttl = ttl end
-    else
-      pttl = math.max(last, d) - ms
-    end
-    redis.call('SET', lockKey, record(t, f, holds, w, o), 'PX', pttl)
+    local id = string.sub(token, 1, ${HOLD_ID_LENGTH})
+    local rest, last = kept(n, ms, id)
+    writeHolds(t, f, withHold(rest, id, ms + ttl), w, o, last, ms + ttl, ms)
     return {1, t, f, ttl}
   end
   join()
@@ -341,11 +361,11 @@ local cover = ARGV[4]            -- tokens Redis may still hold the lock under f
 local cur = redis.call('GET', lockKey)
 if cur and cover then
   local t = string.match(cur, '^(%S+) ')
-  if t and string.find(' ' .. cover .. ' ', ' ' .. t .. ' ', 1, true) then token, hold = t, '' end
+  if t and ${IN_COVER} then token, hold = t, '' end
 end
 if not cur or string.sub(cur, 1, #token + 1) ~= token .. ' ' then return -1 end
-local pttl = redis.call('PTTL', lockKey)
 if hold == '' then
+  local pttl = redis.call('PTTL', lockKey)
   if pttl < ttl then
     redis.call('PEXPIRE', lockKey, ttl)
     pttl = ttl
@@ -361,14 +381,7 @@ local rest, last, own = kept(n, ms, hold)
 if not own or own <= ms then return -1 end
 local d = ms + ttl
 if own > d and own < math.huge then d = own end
-local holds = hold .. ':' .. string.format('%d', d)
-if rest ~= '' then holds = rest .. ',' .. holds end
-if last == math.huge then
-  pttl = math.max(pttl, d - ms)
-else
-  pttl = math.max(last, d) - ms
-end
-redis.call('SET', lockKey, t .. ' ' .. f .. ' ' .. holds .. ' ' .. w .. ' ' .. o, 'PX', pttl)
+writeHolds(t, f, withHold(rest, hold, d), w, o, last, d, ms)
 return d - ms
 `);
 
@@ -406,7 +419,7 @@ ${CONSTANTS}local now = nil
 local cur = redis.call('GET', lockKey)
 if cur and cover then
   local t = string.match(cur, '^(%S+) ')
-  if t and string.find(' ' .. cover .. ' ', ' ' .. t .. ' ', 1, true) then
+  if t and ${IN_COVER} then
     if queueKey then
       redis.call('ZREM', queueKey, token)
       redis.call('HDEL', deadlinesKey, token)
@@ -439,12 +452,7 @@ elseif cur then
     if own and rest == '' then
       n, w = '1', hw
     elseif own then
-      local value = t .. ' ' .. hf .. ' ' .. rest .. ' ' .. hw .. ' ' .. o
-      if last == math.huge then
-        redis.call('SET', lockKey, value, 'XX', 'KEEPTTL')
-      else
-        redis.call('SET', lockKey, value, 'PX', last - ms)
-      end
+      writeHolds(t, hf, rest, hw, o, last, 0, ms)
       -- Ours was the latest: the key now ends sooner, which a waiter asleep until its old end must hear (below), when
       -- that is before its next attempt anyway (woken sooner, it would only be refused again: nested leases of one
       -- owner come and go far more often).
@@ -527,7 +535,7 @@ if cur then t, f, n, w, o = parse(cur) end
 if t == to then return 1 end
 redis.call('ZREM', queueKey, to)
 redis.call('HDEL', deadlinesKey, to)
-if t ~= from and not (cover and t and string.find(' ' .. cover .. ' ', ' ' .. t .. ' ', 1, true)) then
+if t ~= from and not (cover and t and ${IN_COVER}) then
   if not cur then wakeFirst() end
   return 0
 end
@@ -571,14 +579,10 @@ if cur then
     local rest, last, own = '', 0, o == ''
     if o ~= '' then rest, last, own = kept(n, msNow(), string.sub(token, 1, ${HOLD_ID_LENGTH})) end
     if own and rest ~= '' then
-      if last == math.huge then
-        redis.call('SET', lockKey, record(t, f, rest, w, o), 'XX', 'KEEPTTL')
-      else
-        redis.call('SET', lockKey, record(t, f, rest, w, o), 'PX', last - msNow())
-        -- Ours was the latest: the key ends sooner now, which the first waiter, asleep until the old end, must hear
-        -- (when before its next attempt: see RELEASE).
-        if o ~= '' and own > last and last - msNow() < ${MAX_POLL_MS} and w == '1' then wakeFirst() end
-      end
+      writeHolds(t, f, rest, w, o, last, 0, msNow())
+      -- Ours was the latest: the key ends sooner now, which the first waiter, asleep until the old end, must hear
+      -- (when before its next attempt: see RELEASE).
+      if own > last and last - msNow() < ${MAX_POLL_MS} and w == '1' then wakeFirst() end
     elseif own then
       redis.call('DEL', lockKey)
       wakeFirst()
@@ -657,14 +661,7 @@ if not redis.call('SET', lockKey, token .. ' ' .. fence .. ' ' .. hold .. ' 0 ' 
   local rest, last, own = kept(n, ms, id)
   -- Ours and live: nothing to do. Ours and ended (this node missed the lease's extensions): replaced, as if missing.
   if own and own > ms then return 0 end
-  if rest ~= '' then hold = rest .. ',' .. hold end
-  local pttl = ttl
-  if last == math.huge then
-    pttl = math.max(redis.call('PTTL', lockKey), ttl)
-  elseif last - ms > ttl then
-    pttl = last - ms
-  end
-  redis.call('SET', lockKey, t .. ' ' .. f .. ' ' .. hold .. ' ' .. w .. ' ' .. o, 'PX', pttl)
+  writeHolds(t, f, withHold(rest, id, ms + ttl), w, o, last, ms + ttl, ms)
   return 1
 end
 if tonumber(redis.call('GET', fenceKey) or '0') < tonumber(fence) then

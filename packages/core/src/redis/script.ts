@@ -23,12 +23,17 @@ import { hashSlot } from './keys.js';
 const known = new WeakMap<object, Set<string>>();
 const knownOnNodes = new WeakMap<object, Map<string, Set<string>>>();
 
+/** The one connection a call on `keys` goes to, as far as script loading goes; undefined for a Cluster's keyed calls. */
+function connectionOf(client: RedisClient, keys: readonly string[]): object | undefined {
+  const stream = (client as { stream?: object }).stream;
+  return stream !== undefined || keys.length === 0 ? (stream ?? client) : undefined;
+}
+
 /** The set of scripts `client` has sent with EVAL where a call on `keys` goes. */
 function knownFor(client: RedisClient, keys: readonly string[]): Set<string> {
-  const stream = (client as { stream?: object }).stream;
+  const connection = connectionOf(client, keys);
   let scripts: Set<string> | undefined;
-  if (stream !== undefined || keys.length === 0) {
-    const connection = stream ?? client;
+  if (connection !== undefined) {
     scripts = known.get(connection);
     if (scripts === undefined) {
       scripts = new Set();
@@ -127,7 +132,7 @@ export class Script {
     if (!scripts.has(this.sha)) {
       // Marked at once: our later calls go out after this one on the same connection, so the server knows it by then.
       // On a Cluster only once it ran, on the master the slot map names by then: a stale map sent it elsewhere (MOVED).
-      if ((client as { stream?: object }).stream !== undefined || keys.length === 0) {
+      if (connectionOf(client, keys) !== undefined) {
         scripts.add(this.sha);
         return client.eval(this.source, keys.length, ...keys, ...args);
       }
