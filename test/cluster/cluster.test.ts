@@ -20,7 +20,7 @@ import { lockContract } from '../core/lock-contract.js';
 import { expectInvalid, uniquePrefix, until, within } from '../core/helpers.js';
 import { firstNonIncreasing, notReady, trackUnhandled } from '../redlock/support.js';
 import { clusterLockFixture } from './fixtures.js';
-import { keysPerMaster, masters, ownerOf, slotOf, subscribers } from './support.js';
+import { keysPerMaster, masters, ownerOf, slotOf, startMigration, subscribers } from './support.js';
 
 let cluster: RedisCluster;
 let singles: RedisNode[];
@@ -135,13 +135,16 @@ describe('hash slots on a Cluster', () => {
 });
 
 describe('scripts on a Cluster', () => {
+  /** NOSCRIPT replies the masters have given, summed. */
+  async function noScriptErrors(admins: readonly Redis[]): Promise<number> {
+    let total = 0;
+    for (const a of admins) total += Number(/errorstat_NOSCRIPT:count=(\d+)/.exec(await a.info('errorstats'))?.[1] ?? 0);
+    return total;
+  }
+
   it('sends a script as EVAL the first time on each master, so no call meets NOSCRIPT and comes back after later ones', async () => {
     const admins = cluster.nodes.map((n) => n.client());
-    const noScript = async () => {
-      let total = 0;
-      for (const a of admins) total += Number(/errorstat_NOSCRIPT:count=(\d+)/.exec(await a.info('errorstats'))?.[1] ?? 0);
-      return total;
-    };
+    const noScript = () => noScriptErrors(admins);
     try {
       // No master knows hasp's scripts: what a new Cluster, or one restarted, looks like to a new client.
       await Promise.all(admins.map((a) => a.script('FLUSH').catch(() => undefined)));
@@ -159,6 +162,43 @@ describe('scripts on a Cluster', () => {
       });
       expect(await noScript()).toBe(before);
     } finally {
+      for (const a of admins) a.disconnect();
+    }
+  });
+
+  it('counts a script as known on the master that ran it when a stale slot map sent it to another one first', async () => {
+    const admins = cluster.nodes.map((n) => n.client());
+    const noScript = () => noScriptErrors(admins);
+    let moveBack: (() => Promise<void>) | undefined;
+    try {
+      await Promise.all(admins.map((a) => a.script('FLUSH').catch(() => undefined)));
+      const before = await noScript();
+      await withClient(async (client) => {
+        const prefix = uniquePrefix('stale-map');
+        const locks = new RedisLock(client, { prefix });
+        try {
+          const view = await masters(client);
+          const perMaster = await keysPerMaster(client, 'stale', (key) => lockNames(prefix, key).lock, 2);
+          const [[fromPort, [moved, stayed]], [toPort]] = [...perMaster.entries()] as [[number, string[]], [number]];
+          const slot = await slotOf(client, lockNames(prefix, moved!).lock);
+          expect(await slotOf(client, lockNames(prefix, stayed!).lock)).not.toBe(slot);
+          // The slot moves behind the client's back: its map still sends the first call there to the old master, which
+          // answers MOVED, and the call runs on the new one.
+          await (await startMigration(view, slot, view.find((m) => m.port === toPort)!)).finish();
+          const to = view.find((m) => m.port === fromPort)!;
+          moveBack = async () => (await startMigration(await masters(admins[0]!), slot, to)).finish();
+          expect((client as unknown as { slots: string[][] }).slots[slot]?.[0]).toMatch(new RegExp(`:${fromPort}$`));
+          await (await locks.acquire(moved!)).release();
+          // The old master never ran the scripts: the next call there must not count on it having done so.
+          await (await locks.acquire(stayed!)).release();
+          await (await locks.acquire(moved!)).release();
+        } finally {
+          locks.close();
+        }
+      });
+      expect(await noScript()).toBe(before);
+    } finally {
+      await moveBack?.();
       for (const a of admins) a.disconnect();
     }
   });
