@@ -786,6 +786,31 @@ describe('RedisLock when Redis fails', () => {
       if (e.operation !== 'lost') expectUnavailable(e.error);
     }
   });
+
+  it('settles using() once fn does when its lease is lost, rather than wait out the release on a frozen server', async () => {
+    const events: LockErrorEvent[] = [];
+    const { redis, locks } = locker({ timeout: 4_000, onError: (e) => events.push(e) });
+    expect(await redis.ping()).toBe('PONG');
+    let returned = 0;
+    const outcome = await within(
+      locks.using(
+        'frozen-using',
+        async (lease) => {
+          node.pause();
+          expect(await abortReason(lease.signal, 6_000, 'the lease to be lost')).toBeInstanceOf(LockLostError);
+          returned = performance.now();
+          return 'stopped';
+        },
+        { ttl: 300 },
+      ),
+      10_000,
+      'using',
+    );
+    // Awaiting the release would take its 4 s timeout here.
+    expect(performance.now() - returned).toBeLessThan(1_500);
+    expect(outcome).toBe('stopped');
+    expect(events.map((e) => e.operation)).toContain('lost');
+  });
 });
 
 describe('RedisLock keys, channels and line', () => {

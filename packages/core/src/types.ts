@@ -100,8 +100,9 @@ export interface Locker {
    */
   tryAcquire(key: string, options?: AcquireOptions): Promise<Lease | null>;
   /**
-   * Acquires `key`, runs `fn`, and releases in `finally` (also when `fn` throws). With `autoExtend` (default) the lease is
-   * extended while `fn` runs; if it is lost, `lease.signal` aborts.
+   * Acquires `key`, runs `fn`, and releases in `finally` (also when `fn` throws), settling once the release has. With
+   * `autoExtend` (default) the lease is extended while `fn` runs; if it is lost, `lease.signal` aborts, and `using`
+   * settles without waiting on the release. A failed release goes to `onError`, never in place of `fn`'s outcome.
    */
   using<T>(key: string, fn: (lease: Lease) => Promise<T>, options?: UsingOptions): Promise<T>;
 }

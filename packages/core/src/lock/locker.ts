@@ -122,13 +122,19 @@ export abstract class BaseLocker implements Locker {
     try {
       return await fn(lease);
     } finally {
-      try {
-        await lease.release();
-      } catch (error) {
-        // Never mask the function's own outcome with a release failure; the lock expires by its ttl anyway.
-        const err = error instanceof HaspError ? error : new LockUnavailableError('release failed', { cause: error });
-        this.reportError({ operation: 'release', key, error: err });
-      }
+      const lost = lease.over;
+      const released = lease.release().then(
+        () => undefined,
+        (error: unknown) => {
+          // Never mask the function's own outcome with a release failure; the lock expires by its ttl anyway.
+          const err = error instanceof HaspError ? error : new LockUnavailableError('release failed', { cause: error });
+          this.reportError({ operation: 'release', key, error: err });
+        },
+      );
+      // A lost lease's holder has been told already, and waiting on its release (up to `timeout` with Redis frozen)
+      // would only hold fn's outcome back: whatever Redis still has of it is nobody's, and goes with the release when
+      // it lands, or with the ttl. A live lease's release is awaited, so that the lock is free when `using` settles.
+      if (!lost) await released;
     }
   }
 
