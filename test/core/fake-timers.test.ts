@@ -1,12 +1,31 @@
-// The in-memory twins under the fake timers of users' own test suites (Vitest's here; Jest and Sinon fake the same
-// globals): leases end and waits resolve as the fake clock advances, expiries agree with the faked Date.now(), and
-// buckets refill with the faked time.
-import { afterEach, describe, expect, it, vi } from 'vitest';
-import { LockLostError, MemoryLock, TokenBucket } from '../../packages/core/src/index.js';
-import { rejection } from './helpers.js';
+// hasp under the fake timers of users' own test suites (Vitest's here; Jest and Sinon fake the same globals): the
+// in-memory twins' leases end and waits resolve as the fake clock advances, expiries agree with the faked Date.now(),
+// and buckets refill with the faked time; calls to Redis go out, answer and time out in real time.
+import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
+import { LockLostError, MemoryLock, RedisLock, TokenBucket } from '../../packages/core/src/index.js';
+import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
+import { rejection, uniquePrefix } from './helpers.js';
+
+// Captured before any test fakes them: the time these tests give Redis is real.
+const realSetTimeout = globalThis.setTimeout;
+const realNow = performance.now.bind(performance);
+
+/** `promise`'s outcome, or a failure naming `what` after `ms` ms of real time. */
+function withinReal<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  return Promise.race([
+    promise,
+    new Promise<never>((_, reject) => realSetTimeout(() => reject(new Error(`${what} did not settle within ${ms} ms`)), ms)),
+  ]);
+}
+
+const sleepReal = (ms: number) => new Promise((resolve) => realSetTimeout(resolve, ms));
 
 afterEach(() => {
   vi.useRealTimers();
+});
+
+afterAll(async () => {
+  await stopAll();
 });
 
 describe('MemoryLock under fake timers', () => {
@@ -63,5 +82,60 @@ describe('TokenBucket in memory under fake timers', () => {
     expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 0 });
     vi.setSystemTime(Date.now() + 2_000);
     expect(await bucket.take('k')).toMatchObject({ allowed: true, remaining: 1 });
+  });
+});
+
+describe('Redis-backed calls under fake timers', () => {
+  let node: RedisNode | undefined;
+  const redis = async () => {
+    node ??= await startRedis();
+    const client = node.client();
+    expect(await client.ping()).toBe('PONG');
+    return client;
+  };
+
+  it('answers a bucket take on Redis, and a refusal kept locally ends with real time, though the fake clock stands still', async () => {
+    const client = await redis();
+    try {
+      const bucket = new TokenBucket({ capacity: 1, rate: '10/s', redis: client, prefix: uniquePrefix('fake') });
+      vi.useFakeTimers();
+      expect(await withinReal(bucket.take('k'), 5_000, 'the take')).toMatchObject({ allowed: true });
+      expect(await withinReal(bucket.take('k'), 5_000, 'the refused take')).toMatchObject({ allowed: false });
+      // A token is back on Redis's clock after 100 ms; the refusal this process keeps must not outlast it.
+      await sleepReal(250);
+      expect(await withinReal(bucket.take('k'), 5_000, 'the take after the refill')).toMatchObject({ allowed: true });
+    } finally {
+      client.disconnect();
+    }
+  });
+
+  it('acquires, refuses and releases a RedisLock', async () => {
+    const client = await redis();
+    const locks = new RedisLock(client, { prefix: uniquePrefix('fake') });
+    try {
+      vi.useFakeTimers();
+      const lease = await withinReal(locks.acquire('k'), 5_000, 'the acquire');
+      expect(await withinReal(locks.tryAcquire('k'), 5_000, 'the busy attempt')).toBeNull();
+      expect(await withinReal(lease.release(), 5_000, 'the release')).toBe(true);
+    } finally {
+      locks.close();
+      client.disconnect();
+    }
+  });
+
+  it('times a call out on a frozen server in real time', async () => {
+    const client = await redis();
+    try {
+      const bucket = new TokenBucket({ capacity: 1, rate: '1/s', redis: client, timeout: 300, prefix: uniquePrefix('fake') });
+      vi.useFakeTimers();
+      node!.pause();
+      const started = realNow();
+      const outcome = await withinReal(rejection(bucket.take('k')), 5_000, 'the take');
+      expect(outcome).toMatchObject({ code: 'RATE_LIMIT_UNAVAILABLE' });
+      expect(realNow() - started).toBeGreaterThanOrEqual(290);
+    } finally {
+      node!.resume();
+      client.disconnect();
+    }
   });
 });

@@ -7,6 +7,7 @@ import { onNext, type EventSource } from '../redis/events.js';
 import { hashSlot } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
 import { ignoreRejection } from '../util/abort.js';
+import { realPerfNow } from '../util/real-timers.js';
 
 /** What the middleware needs of a bucket; a {@link TokenBucket} from either module format fits. */
 export interface BucketLike {
@@ -103,7 +104,7 @@ export class StoreGuard {
    */
   usable(key: string): boolean {
     if (this.open.size === 0) return true;
-    const now = performance.now();
+    const now = realPerfNow();
     for (const [id, c] of this.open) if (!c.probing && now >= c.nextProbe) this.probe(id, c);
     return !this.open.has(this.circuitOf(key));
   }
@@ -119,7 +120,7 @@ export class StoreGuard {
     const c = this.open.get(id);
     if (c !== undefined) c.probeKey = key;
     else {
-      this.open.set(id, { probing: false, nextProbe: performance.now() + PROBE_INTERVAL_MS, probeKey: key });
+      this.open.set(id, { probing: false, nextProbe: realPerfNow() + PROBE_INTERVAL_MS, probeKey: key });
       if (this.open.size === 1) {
         if (this.forgetTimer !== undefined) clearTimeout(this.forgetTimer);
         this.forgetTimer = undefined;
@@ -144,7 +145,7 @@ export class StoreGuard {
   /** Seconds until the next probe of `key`'s circuit: the Retry-After of a 503 under the 'closed' policy. */
   retryAfter(key: string): number {
     const c = this.open.get(this.circuitOf(key));
-    return c === undefined ? 1 : Math.max(1, Math.ceil((c.nextProbe - performance.now()) / 1_000));
+    return c === undefined ? 1 : Math.max(1, Math.ceil((c.nextProbe - realPerfNow()) / 1_000));
   }
 
   private circuitOf(key: string): string {
@@ -162,7 +163,7 @@ export class StoreGuard {
         c.probing = false;
         // The probe's key holds something else (it failed last by timing out): Redis answered all the same.
         if (isKeyFault(error)) this.close(id, c);
-        else c.nextProbe = performance.now() + PROBE_INTERVAL_MS;
+        else c.nextProbe = realPerfNow() + PROBE_INTERVAL_MS;
       },
     );
   }

@@ -5,6 +5,7 @@ import { keyStem, storedKey } from '../redis/keys.js';
 import { sendPending, unexpectedReply } from '../redis/script.js';
 import type { Decision, RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
+import { realPerfNow } from '../util/real-timers.js';
 import { REFUND, TAKE } from './bucket.lua.js';
 import { decide, type GcraParams } from './gcra.js';
 
@@ -317,5 +318,5 @@ function unavailable(error: unknown): RateLimitUnavailableError {
 
 // Whole microseconds on the monotonic clock: immune to wall-clock steps, the unit of the GCRA arithmetic.
 function nowUs(): number {
-  return Math.floor(performance.now() * 1_000);
+  return Math.floor(realPerfNow() * 1_000);
 }

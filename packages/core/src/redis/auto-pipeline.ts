@@ -1,6 +1,7 @@
 // Writes the commands we send on one connection within one tick as a single socket write (one syscall on our side, one
 // read on the server's) instead of one write per command. Only the socket's own write buffering is used, for the rest
 // of the tick: the client's options, commands and replies are untouched.
+import { realSetImmediate } from '../util/real-timers.js';
 
 /** The part of a Node socket we use. */
 interface Corkable {
@@ -36,7 +37,7 @@ export function batchWrites(client: object, calls = 1): void {
     // Uncork after this turn of the event loop's I/O phase, not after this tick: an HTTP server reads many requests in
     // one turn, and their commands then share one write instead of one write each. Uncorked exactly once, even if the
     // socket closed meanwhile.
-    setImmediate(uncork, socket);
+    realSetImmediate(uncork, socket);
   } else if (full(buffered)) {
     sendNow(socket, calls);
   } else {

@@ -1,6 +1,7 @@
 // Bounds every Redis round trip in time, so an unreachable Redis becomes a typed error within `timeout` ms
 // instead of waiting out ioredis's offline queue and retry budget.
 import type { RedisClient } from '../types.js';
+import { realPerfNow, realSetTimeout } from '../util/real-timers.js';
 
 /** Thrown (internally, then wrapped by the caller into its typed error) when Redis is down or too slow. */
 export class RedisCallError extends Error {
@@ -226,7 +227,7 @@ function watch(timeout: number, expire: () => void): Entry {
     line = { timeout, entries: [], head: 0, timer: undefined };
     lines.set(timeout, line);
   }
-  const entry: Entry = { deadline: performance.now() + timeout, expire, line, settled: false, expired: false };
+  const entry: Entry = { deadline: realPerfNow() + timeout, expire, line, settled: false, expired: false };
   line.entries.push(entry);
   if (line.timer === undefined) arm(line, timeout);
   return entry;
@@ -252,13 +253,13 @@ function settle(entry: Entry): void {
 
 function arm(line: Line, delay: number): void {
   // Rounded up: a timer may fire up to a millisecond before performance.now() reaches the deadline.
-  line.timer = setTimeout(sweep, Math.max(1, Math.ceil(delay)), line);
+  line.timer = realSetTimeout(sweep, Math.max(1, Math.ceil(delay)), line);
   line.timer.unref();
 }
 
 function sweep(line: Line): void {
   line.timer = undefined;
-  const now = performance.now();
+  const now = realPerfNow();
   const entries = line.entries;
   const expired: Entry[] = [];
   while (line.head < entries.length) {

@@ -10,6 +10,7 @@
 // batch form of its own for merged calls of that script alone (the token bucket's take: an HTTP server's requests).
 import { createHash } from 'node:crypto';
 import type { RedisClient } from '../types.js';
+import { realSetImmediate } from '../util/real-timers.js';
 import { batchWrites, sendIfFull, writeNow } from './auto-pipeline.js';
 import { unavailable } from './call.js';
 import { hashSlot } from './keys.js';
@@ -311,7 +312,7 @@ function enqueue(client: RedisClient, stream: object, script: Script, keys: read
       batch = { client, stream, calls: [], eager: false, tick, inTick: 0 };
       open.set(stream, batch);
       // The end of the turn: whatever is still open then goes out at once (no turn is left to share a write with).
-      if (script.patient) setImmediate(flushBatch, batch, true);
+      if (script.patient) realSetImmediate(flushBatch, batch, true);
     }
     if (!script.patient && !batch.eager) {
       batch.eager = true;

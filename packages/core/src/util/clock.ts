@@ -3,7 +3,7 @@
 // operator's `date`): a step forward would free every in-memory lock under its holder, a step back would let a holder
 // believe in a lease that Redis has already expired. What other processes compare (a Redlock waiter's place, a fence
 // floor) stays on the wall clock.
-import { performance as nodePerformance } from 'node:perf_hooks';
+import { PERF_NOW, realPerfNow } from './real-timers.js';
 
 // Read once: from here on the monotonic clock counts. (Date.now() is whole ms, so this is at most 1 ms behind.) Read
 // again only when `performance.now` is replaced, or runs back: fake timers in a user's tests (Vitest, Jest, Sinon) put
@@ -52,7 +52,6 @@ export function subMsClock(dateNow: () => number, perfNow: () => number): () => 
 // The real clocks, whatever is installed when this module loads (fake timers may be, in a test setup file): the
 // monotonic one from the Performance prototype (fakes replace the global object or its own property), Date.now once it
 // is seen as native code (fakes are JavaScript).
-const realPerfNow = (Object.getPrototypeOf(nodePerformance) as { now: () => number }).now;
 let realDateNow: (() => number) | undefined;
 let realWall: (() => number) | undefined;
 if (isNative(Date.now)) seeRealDateNow(Date.now);
@@ -61,7 +60,7 @@ function seeRealDateNow(now: () => number): void {
   realDateNow = now;
   realWall = subMsClock(
     () => now.call(Date),
-    () => realPerfNow.call(nodePerformance),
+    realPerfNow,
   );
 }
 
@@ -81,6 +80,6 @@ export function wallNow(): number {
     if (realDateNow !== undefined || !isNative(Date.now)) return Date.now();
     seeRealDateNow(Date.now);
   }
-  if (performance.now !== realPerfNow) return Date.now();
+  if (performance.now !== PERF_NOW) return Date.now();
   return realWall!();
 }
