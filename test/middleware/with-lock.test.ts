@@ -2,6 +2,7 @@
 // concurrent requests, parallelism across keys, release after errors and client disconnects, auto-extension, lost
 // locks, re-entry, and bad keys.
 import http from 'node:http';
+import net from 'node:net';
 import { PassThrough, pipeline, Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import v8 from 'node:v8';
@@ -62,6 +63,20 @@ function freedOnCollection(order: string): Promise<void> {
     'the abandoned lock to be freed',
     20,
   );
+}
+
+/**
+ * Sends GETs of `paths` pipelined on one keep-alive connection (each written before any answer came), reading and
+ * dropping whatever comes back. The second request's response waits behind the first one's until its turn.
+ */
+async function pipelined(url: string, paths: readonly string[]): Promise<net.Socket> {
+  const { hostname, port } = new URL(url);
+  const socket = net.connect(Number(port), hostname);
+  socket.on('error', () => undefined);
+  socket.resume();
+  await new Promise((resolve) => socket.once('connect', resolve));
+  socket.write(paths.map((p) => `GET ${p} HTTP/1.1\r\nHost: ${hostname}\r\n\r\n`).join(''));
+  return socket;
 }
 
 /** GETs `url` and reads whatever comes until the connection closes (the server may cut the response short). */
@@ -599,6 +614,76 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     expect(next.status).toBe(200);
     expect(next.ms).toBeLessThan(500);
     expect(runs).toBe(2);
+  });
+
+  it('frees the locks of pipelined requests whose client left before their turn, once nothing can end their responses', async () => {
+    const orders = [freshOrder('pipe-first'), freshOrder('pipe-second')];
+    const started: string[] = [];
+    const bothStarted = deferred();
+    const leave = deferred();
+    const returned = deferred();
+    const app = await start({
+      routes: {
+        '/buy': {
+          use: [fw.withLock(orderKey, { redis, ttl: 2_000 })],
+          handle: async (c) => {
+            if (c.query.then === 'answer') return undefined;
+            started.push(c.query.order!);
+            if (started.length === 2) bothStarted.resolve();
+            await leave.promise;
+            if (started.length === 2) setImmediate(() => returned.resolve());
+            return { end: false };
+          },
+        },
+      },
+    });
+    // Node hands both requests to the app at once; the second's response has no socket until the first's is over.
+    const socket = await pipelined(app.url, orders.map((o) => `/buy?order=${o}`));
+    await within(bothStarted.promise, 5_000, 'both handlers to start');
+    expect(await lockedInRedis(orders[1]!)).toBe(true);
+    socket.destroy();
+    await within(new Promise((resolve) => socket.once('close', resolve)), 5_000, 'the connection to close');
+    leave.resolve();
+    await within(returned.promise, 5_000, 'the handlers to return');
+    // Neither response can be ended now. Express frees the first lock when its response is collected; the second
+    // response never closes (its turn never came), and auto-extension would have kept its lock for good. Koa: finally.
+    for (const order of orders) {
+      await freedOnCollection(order);
+      expect((await get(`${app.url}/buy?order=${order}&then=answer`)).status).toBe(200);
+    }
+  });
+
+  it('stops waiting for a busy lock when the client of a pipelined request leaves before its turn', async () => {
+    const busy = freshOrder('pipe-busy');
+    const other = freshOrder('pipe-other');
+    const gate = deferred();
+    const holding = deferred();
+    const runs: string[] = [];
+    const app = await start({
+      routes: {
+        '/buy': {
+          use: [fw.withLock(orderKey, { redis, wait: 10_000 })],
+          handle: async (c) => {
+            runs.push(c.query.order!);
+            if (c.query.order === busy) holding.resolve();
+            await gate.promise;
+            return c.clientGone() ? { end: false } : undefined;
+          },
+        },
+      },
+    });
+    const first = get(`${app.url}/buy?order=${busy}`);
+    await within(holding.promise, 5_000, 'the holder');
+    // On one connection: a request that gets its lock at once and keeps its response open, then one that waits for
+    // the busy lock with no socket of its own yet.
+    const socket = await pipelined(app.url, [`/buy?order=${other}`, `/buy?order=${busy}`]);
+    await until(async () => (await redis.zcard(lockNames('hasp:lock:', busy).queue)) === 1, 5_000, 'the pipelined waiter in the queue');
+    socket.destroy();
+    await until(() => app.errors.length === 1, 5_000, 'the wait to stop');
+    expect(app.errors.map((e) => e.code)).toEqual(['CLIENT_CLOSED_REQUEST']);
+    gate.resolve();
+    expect((await first).status).toBe(200);
+    expect(runs.filter((o) => o === busy)).toHaveLength(1);
   });
 
   it('keeps one handler per key and leaks no lock under a storm of waiting, finishing and disconnecting clients', async () => {

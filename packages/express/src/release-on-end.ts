@@ -43,6 +43,10 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
   if (res.destroyed) closedUnended.call(r);
   // 'close' fires once per response, after the end or when the connection goes: cheaper than registering every response.
   else res.on('close', closedUnended);
+  // A pipelined request's response waits for the one ahead of it on the connection before it gets the socket, and if
+  // the connection goes meanwhile it never closes: registered now, its locks go once nothing can end it (a response
+  // still in use is not collected, and a release after the end does nothing).
+  if (res.socket == null) abandoned.register(r, r[HELD]);
 }
 
 /** On 'close': nothing to do after the end; otherwise the locks go now, or once the response is collected. */

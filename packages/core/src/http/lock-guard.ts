@@ -238,21 +238,36 @@ export class LockGuard<Arg> {
     const onClose = (): void => {
       if (!res.writableEnded) gone.abort(clientClosedError());
     };
-    if (res.destroyed) onClose();
-    else res.once('close', onClose);
+    // A pipelined request's response waits for the one ahead of it before it gets the socket, and never closes if the
+    // connection goes meanwhile: the connection's own close tells then. (Its request's 'close' would not: that also
+    // fires once a body has been read.)
+    const connection = res.socket == null ? res.req?.socket : undefined;
+    if (res.destroyed || connection?.destroyed === true) onClose();
+    else {
+      res.once('close', onClose);
+      connection?.once('close', onClose);
+    }
     options.signal = gone.signal;
     try {
       return await holdLock(this.locker, key, options);
     } finally {
       res.off('close', onClose);
+      connection?.off('close', onClose);
     }
   }
 }
 
 /** What {@link LockGuard.acquire} needs of a response to notice that the client went away. */
-export interface ClosableResponse {
-  readonly destroyed: boolean;
+export interface ClosableResponse extends Closable {
   readonly writableEnded: boolean;
+  /** Null until a pipelined request's turn comes (Node's `ServerResponse`). */
+  readonly socket?: unknown;
+  readonly req?: { readonly socket?: Closable | null };
+}
+
+/** An emitter of 'close' that says whether it has closed. */
+interface Closable {
+  readonly destroyed: boolean;
   once(event: 'close', listener: () => void): unknown;
   off(event: 'close', listener: () => void): unknown;
 }
