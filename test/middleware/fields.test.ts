@@ -1,6 +1,6 @@
 // The RateLimit / RateLimit-Policy serializer (draft-ietf-httpapi-ratelimit-headers-10/-11) checked against real
 // token-bucket decisions on a controlled clock: q, w, r and t mean what the draft says, and Retry-After >= t.
-import { TokenBucket } from '@hasp/core';
+import { parseRate, TokenBucket } from '@hasp/core';
 import { appendListMember, RateLimitFields, retryAfterSeconds, sfInteger, sfString } from '@hasp/core/http';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
@@ -30,6 +30,16 @@ describe('RateLimitFields', () => {
     expect(new RateLimitFields('a', 10, 3).policy).toBe('"a";q=10;w=4');
     expect(new RateLimitFields('a', 1, 100).policy).toBe('"a";q=1;w=1');
     expect(new RateLimitFields('a', 100, 100 / 3600).policy).toBe('"a";q=100;w=3600');
+    // Quotients that floating point puts a hair above a whole number.
+    expect(new RateLimitFields('a', 11, parseRate('11/min')).policy).toBe('"a";q=11;w=60');
+    expect(new RateLimitFields('a', 21, parseRate('21/15s')).policy).toBe('"a";q=21;w=15');
+    for (const unit of ['s', 'min', 'h', 'd'] as const) {
+      const seconds = { s: 1, min: 60, h: 3_600, d: 86_400 }[unit];
+      for (let n = 1; n <= 200; n++) {
+        expect(new RateLimitFields('a', n, parseRate(`${n}/${unit}`)).window).toBe(seconds);
+        expect(new RateLimitFields('a', 2 * n, parseRate(`${n}/${unit}`)).window).toBe(2 * seconds);
+      }
+    }
     expect(new RateLimitFields('say "hi" \\o/', 2, 1).policy).toBe('"say \\"hi\\" \\\\o/";q=2;w=2');
   });
 
