@@ -95,8 +95,8 @@ export function rateLimit<
     }
     publish(req, d);
     try {
-      // Throws when an earlier middleware already sent the headers: that must reach next(err), not become an
-      // unhandled rejection of the detached promise chain.
+      // Skips the fields once the headers went out; should it throw all the same (a response of the app's own making),
+      // that must reach next(err), not become an unhandled rejection of the detached promise chain.
       if (headers || !d.allowed) limiter.setHeaders(res, d);
     } catch (error) {
       next(error);

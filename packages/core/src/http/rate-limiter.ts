@@ -103,6 +103,8 @@ export function giveBackTakes(home: object | undefined): Promise<void> | undefin
 
 /** Where the adapters write the fields: a Node `ServerResponse` (Express's `res`, Koa's `ctx.res`). */
 export interface HeaderTarget {
+  /** True once the headers went out (an earlier middleware answered, and passed the request on all the same). */
+  readonly headersSent?: boolean;
   getHeader(name: string): unknown;
   setHeader(name: string, value: string): unknown;
 }
@@ -290,9 +292,11 @@ export class RateLimiter<Arg, H = never> {
 
   /**
    * Writes `RateLimit-Policy` and `RateLimit` (appended to members other limiters wrote) and, for a denial,
-   * `Retry-After`. Call only when {@link RateLimiter.headers} is true, or for a denial.
+   * `Retry-After`. Call only when {@link RateLimiter.headers} is true, or for a denial. Writes nothing once the headers
+   * have been sent: an earlier middleware that answered and passed the request on is no reason to fail it.
    */
   setHeaders(res: HeaderTarget, d: Decision): void {
+    if (res.headersSent === true) return;
     if (this.headers) {
       res.setHeader(POLICY_FIELD, appendListMember(res.getHeader(POLICY_FIELD), this.fields.policy));
       res.setHeader(RATELIMIT_FIELD, appendListMember(res.getHeader(RATELIMIT_FIELD), this.fields.rateLimit(d)));
