@@ -1,6 +1,6 @@
 // Type-level checks (compiled by `pnpm typecheck`, never run): the Express middleware keeps a route's parameter,
 // body and query types, and the Koa middleware accepts typed contexts.
-import type { StoreErrorPolicy, StoreStateEvent } from '@hasp/core';
+import type { Decision, Lease, StoreErrorPolicy, StoreStateEvent } from '@hasp/core';
 import { rateLimit, withLock } from '@hasp/express';
 import { rateLimit as koaRateLimit, withLock as koaWithLock } from '@hasp/koa';
 import express from 'express5';
@@ -108,6 +108,15 @@ typedKoa.use(
 );
 typedKoa.use(koaWithLock(byUser, { ttl: 5_000 }));
 typedKoa.use(koaWithLock((ctx: Koa.ParameterizedContext<AppState>) => `user:${ctx.state.user.id}`));
+// A state type that extends DefaultState has the lease and the decision (the README says so).
+interface ExtendedState extends Koa.DefaultState {
+  user: { id: string };
+}
+new Koa<ExtendedState>().use(koaWithLock((ctx) => ctx.path)).use((ctx) => {
+  assertType<Equal<typeof ctx.state.lock, Lease | undefined>>(true);
+  assertType<Equal<typeof ctx.state.rateLimit, Decision | undefined>>(true);
+  ctx.body = ctx.state.lock?.fence;
+});
 
 // onStoreState's event is typed in both adapters, and exported for hooks written apart.
 const logOutage = (e: StoreStateEvent): void => {

@@ -555,6 +555,31 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     expect((await get(`${app.url}/nested?order=${order}`)).status).toBe(200);
   });
 
+  if (name.startsWith('koa')) {
+    it('gives a withLock further out its own lease back at ctx.state.lock once a nested one is over', async () => {
+      const order = freshOrder('nest-state');
+      let after: { key?: string; aborted?: boolean } = {};
+      const app = await start({
+        routes: {
+          '/nested': {
+            use: [
+              fw.withLock(orderKey, { redis }),
+              async (ctx: { state: { lock?: Lease } }, next: () => Promise<void>) => {
+                await next();
+                after = { key: ctx.state.lock?.key, aborted: ctx.state.lock?.signal.aborted };
+              },
+              fw.withLock(() => `${order}:items`, { redis }),
+            ],
+            handle: (c) => ({ body: { key: c.lock?.key } }),
+          },
+        },
+      });
+      const r = await within(get(`${app.url}/nested?order=${order}`), 5_000, 'a nested withLock');
+      expect(r.body.key).toBe(`${order}:items`);
+      expect(after).toEqual({ key: order, aborted: false });
+    });
+  }
+
   it('waits for a busy lock when wait is set, and skips locking for an undefined key', async () => {
     const order = freshOrder('wait');
     const started = deferred();

@@ -34,11 +34,15 @@ export function withLock<StateT = DefaultState, ContextT = DefaultContext>(
       throw error;
     }
     if (held === undefined) return next();
+    // A withLock further out (another key, or the same one re-entered) gets its own lease back once this one is over:
+    // its code after `next()` must not read this released lease's aborted signal, or its fence.
+    const outer: unknown = ctx.state.lock;
     ctx.state.lock = held.lease;
     try {
       await next();
     } finally {
       held.release();
+      if (outer !== undefined && ctx.state.lock === held.lease) ctx.state.lock = outer as typeof held.lease;
     }
   };
   return middleware as unknown as Middleware<StateT, ContextT>;

@@ -103,7 +103,8 @@ export class TokenBucket {
    * unavailable. hasp then gives its tokens back if nothing else has touched the bucket since; otherwise they stay spent
    * (removing them from under later takes could admit more than the bucket allows), which errs on the side of
    * refusing, by at most one take per failed call.
-   * @throws (rejects) RangeError for an empty key or a cost that is not > 0 or exceeds the capacity, at once;
+   * @throws (rejects) at once, naming the argument: TypeError for a key that is not a string or a cost that is not a
+   *   number, RangeError for an empty key or a cost that is not > 0 or exceeds the capacity;
    *   {@link RateLimitUnavailableError} when Redis cannot answer
    */
   take(key: string, cost = 1): Promise<Decision> {
