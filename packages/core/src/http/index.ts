@@ -24,7 +24,7 @@ export {
 export { callCost, callKey } from './inputs.js';
 export type { CostFunction, KeyFunction } from './inputs.js';
 export { holdLock, httpLockError, LockGuard, lockerFor, requestOwner } from './lock-guard.js';
-export type { ClosableResponse, HeldLock, WithLockBaseOptions } from './lock-guard.js';
+export type { Closable, ClosableResponse, HeldLock, WithLockBaseOptions } from './lock-guard.js';
 export { checkOptionNames, optionErrors } from './options.js';
 export { giveBackTakes, MIDDLEWARE_BUCKET_PREFIX, RateLimiter } from './rate-limiter.js';
 export type { HeaderTarget, RateLimitBaseOptions, StoreErrorPolicy } from './rate-limiter.js';

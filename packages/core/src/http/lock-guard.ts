@@ -265,8 +265,8 @@ export interface ClosableResponse extends Closable {
   readonly req?: { readonly socket?: Closable | null };
 }
 
-/** An emitter of 'close' that says whether it has closed. */
-interface Closable {
+/** An emitter of 'close' that says whether it has closed (a response, a socket). */
+export interface Closable {
   readonly destroyed: boolean;
   once(event: 'close', listener: () => void): unknown;
   off(event: 'close', listener: () => void): unknown;
