@@ -757,6 +757,23 @@ describe('TokenBucket when Redis fails', () => {
     expect((await bucket.take('sms')).remaining).toBe(1);
   });
 
+  it('gives back every one of several late takes on one key that shared a command (newest first)', async () => {
+    const redis = down.client();
+    clients.push(redis);
+    const bucket = new TokenBucket({ capacity: 3, rate: '3/10min', redis, prefix: uniquePrefix('refund-many'), timeout: 200 });
+    expect(await redis.ping()).toBe('PONG');
+    down.pause();
+    try {
+      // Made in one callback: they go out as one command, and their late replies come back together, oldest first.
+      const takes = [bucket.take('sms'), bucket.take('sms')].map((t) => rejection(t));
+      for (const error of await within(Promise.all(takes), 2_000, 'takes on a frozen server')) expectUnavailable(error);
+    } finally {
+      down.resume();
+    }
+    // Only the newest take's TAT is the bucket's: given back first, it leaves the older one's, which then goes back too.
+    await until(async () => (await bucket.peek('sms')).remaining === 2, 2_000, 'both refunds');
+  });
+
   it('gives back a late take on a bucket in use: the key holds the TAT before it again, with an expiry that covers it', async () => {
     const redis = down.client();
     clients.push(redis);

@@ -5,7 +5,7 @@ import { keyStem, storedKey } from '../redis/keys.js';
 import { sendPending, unexpectedReply } from '../redis/script.js';
 import type { Decision, RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
-import { realPerfNow } from '../util/real-timers.js';
+import { realPerfNow, realSetImmediate } from '../util/real-timers.js';
 import { REFUND, TAKE } from './bucket.lua.js';
 import { decide, type GcraParams } from './gcra.js';
 
@@ -139,6 +139,8 @@ export class RedisBucketStore implements BucketStore {
   // timeout). Bounded like the cache; an entry dropped early leaves its time in `changedBefore`, for every key.
   private readonly changed = new Map<string, number>();
   private changedBefore = -1;
+  // Refunds of late takes due at the end of this turn of the event loop (see refund).
+  private refunds: { key: string; cost: number; stored: number }[] | undefined;
 
   private readonly suffix: string;
 
@@ -276,7 +278,21 @@ export class RedisBucketStore implements BucketStore {
     const stored = Number(reply[1]);
     // Only a grant spent tokens; a denial stores only when it clamped a TAT from a clock step back.
     if (stored === 0 || !decide(this.params, Number(reply[0]), 0, cost, false).decision.allowed) return;
-    this.giveBack(key, cost, stored).catch(() => undefined);
+    // The late replies of one command come back together, oldest first, but only the newest take's TAT is the
+    // bucket's: given back in that order, every refund but the last would find another TAT and keep its tokens. Newest
+    // first, each leaves the bucket at the TAT of the take before it, whose refund then goes through too.
+    if (this.refunds === undefined) {
+      this.refunds = [];
+      realSetImmediate(() => {
+        const due = this.refunds!;
+        this.refunds = undefined;
+        for (let i = due.length - 1; i >= 0; i--) {
+          const r = due[i]!;
+          this.giveBack(r.key, r.cost, r.stored).catch(() => undefined);
+        }
+      });
+    }
+    this.refunds.push({ key, cost, stored });
   }
 
   private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
