@@ -1,7 +1,7 @@
 // The middleware suites' fixture: one app builder and one HTTP client for Express 4, Express 5, Koa 2 and Koa 3, so
 // every test runs unchanged against the four frameworks over real HTTP on the loopback.
 import http, { type IncomingHttpHeaders } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import net, { type AddressInfo } from 'node:net';
 import type { Decision, Lease } from '@hasp/core';
 import * as haspExpress from '@hasp/express';
 import * as haspKoa from '@hasp/koa';
@@ -304,4 +304,18 @@ export function deferred<T = void>(): { promise: Promise<T>; resolve: (value: T)
   let resolve!: (value: T) => void;
   const promise = new Promise<T>((r) => (resolve = r));
   return { promise, resolve };
+}
+
+/**
+ * Sends GETs of `paths` pipelined on one keep-alive connection (each written before any answer came), reading and
+ * dropping whatever comes back. The second request's response waits behind the first one's until its turn.
+ */
+export async function pipelined(url: string, paths: readonly string[]): Promise<net.Socket> {
+  const { hostname, port } = new URL(url);
+  const socket = net.connect(Number(port), hostname);
+  socket.on('error', () => undefined);
+  socket.resume();
+  await new Promise((resolve) => socket.once('connect', resolve));
+  socket.write(paths.map((p) => `GET ${p} HTTP/1.1\r\nHost: ${hostname}\r\n\r\n`).join(''));
+  return socket;
 }

@@ -30,7 +30,11 @@ describe('RateLimitFields', () => {
     expect(new RateLimitFields('a', 10, 3).policy).toBe('"a";q=10;w=4');
     expect(new RateLimitFields('a', 1, 100).policy).toBe('"a";q=1;w=1');
     expect(new RateLimitFields('a', 100, 100 / 3600).policy).toBe('"a";q=100;w=3600');
-    // Quotients that floating point puts a hair above a whole number.
+    // A window a hair above a whole number of seconds is the next one; ...
+    expect(new RateLimitFields('a', 60.0000004, 1).policy).toBe('"a";q=60;w=61');
+    expect(new RateLimitFields('a', 1, 1 / 60.0000004).window).toBe(61);
+    expect(new RateLimitFields('a', 1e300, 1e-300).window).toBe(sfInteger(Infinity));
+    // ... but not a quotient that floating point alone puts there.
     expect(new RateLimitFields('a', 11, parseRate('11/min')).policy).toBe('"a";q=11;w=60');
     expect(new RateLimitFields('a', 21, parseRate('21/15s')).policy).toBe('"a";q=21;w=15');
     for (const unit of ['s', 'min', 'h', 'd'] as const) {

@@ -13,7 +13,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { bucketKey, uniquePrefix, until, within } from '../core/helpers.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { deferred, FRAMEWORKS, framework, get, type Framework, type Response, type RunningApp } from './apps.js';
+import { deferred, FRAMEWORKS, framework, get, pipelined, type Framework, type Response, type RunningApp } from './apps.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
@@ -354,6 +354,41 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
         const app = await smsApp(client, { policy: 'phone', handler: soft });
         expect(await statuses(`${app.url}/sms`, ['1', '1', '1', '1'])).toEqual([200, 200, 200, 429]);
         expect((await client.peek('client')).allowed).toBe(false);
+      });
+    }
+
+    if (name.startsWith('express')) {
+      it('gives back when a custom handler answers a pipelined refusal whose client leaves before its turn', async () => {
+        const client = new TokenBucket({ capacity: 5, rate: '5/h' });
+        const answered = deferred();
+        const gate = deferred();
+        const app = await start({
+          routes: {
+            '/slow': { express: (_req, res) => void gate.promise.then(() => res.end('slow')) },
+            '/sms': {
+              use: [
+                fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+                fw.rateLimit({
+                  capacity: 1,
+                  rate: '1/h',
+                  key: phone,
+                  policy: 'phone',
+                  handler: (_req: unknown, res: { status(n: number): { end(): void } }) => {
+                    res.status(429).end();
+                    answered.resolve();
+                  },
+                }),
+              ],
+            },
+          },
+        });
+        expect(await statuses(`${app.url}/sms`, ['1'])).toEqual([200]);
+        // The refusal's response waits behind /slow's, and never gets its turn: the client leaves first.
+        const socket = await pipelined(app.url, ['/slow', '/sms?phone=1']);
+        await within(answered.promise, 5_000, 'the handler to answer');
+        socket.destroy();
+        await until(async () => (await client.peek('client')).remaining === 3, 2_000, 'the take to come back');
+        gate.resolve();
       });
     }
 

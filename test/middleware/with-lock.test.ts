@@ -2,7 +2,6 @@
 // concurrent requests, parallelism across keys, release after errors and client disconnects, auto-extension, lost
 // locks, re-entry, and bad keys.
 import http from 'node:http';
-import net from 'node:net';
 import { PassThrough, pipeline, Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import v8 from 'node:v8';
@@ -14,7 +13,7 @@ import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
 import { abortReason, until, within } from '../core/helpers.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { deferred, FRAMEWORKS, framework, get, send, type Framework, type Response, type Route, type RunningApp } from './apps.js';
+import { deferred, FRAMEWORKS, framework, get, pipelined, send, type Framework, type Response, type Route, type RunningApp } from './apps.js';
 
 // A forced collection shows that a response nobody can end any more frees its lock (Express).
 v8.setFlagsFromString('--expose-gc');
@@ -63,20 +62,6 @@ function freedOnCollection(order: string): Promise<void> {
     'the abandoned lock to be freed',
     20,
   );
-}
-
-/**
- * Sends GETs of `paths` pipelined on one keep-alive connection (each written before any answer came), reading and
- * dropping whatever comes back. The second request's response waits behind the first one's until its turn.
- */
-async function pipelined(url: string, paths: readonly string[]): Promise<net.Socket> {
-  const { hostname, port } = new URL(url);
-  const socket = net.connect(Number(port), hostname);
-  socket.on('error', () => undefined);
-  socket.resume();
-  await new Promise((resolve) => socket.once('connect', resolve));
-  socket.write(paths.map((p) => `GET ${p} HTTP/1.1\r\nHost: ${hostname}\r\n\r\n`).join(''));
-  return socket;
 }
 
 /** GETs `url` and reads whatever comes until the connection closes (the server may cut the response short). */
@@ -377,6 +362,41 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
         expect((await get(`${app.url}${path}?order=${order}&then=answer`)).status).toBe(200);
       }
       expect(kept.length).toBe(4);
+    });
+
+    it('frees the lock at once when the server destroys a pipelined response before its turn came', async () => {
+      const kept: unknown[] = []; // keeps every response reachable: only the close may free the lock, not a collection
+      const [first, second] = [freshOrder('pipe-ahead'), freshOrder('pipe-destroyed')];
+      const gate = deferred();
+      const piped = deferred();
+      const app = await start({
+        routes: {
+          '/pipe': {
+            use: [fw.withLock(orderKey, { redis })],
+            express: (req, res) => {
+              kept.push(res);
+              if (req.query.order !== second) return void gate.promise.then(() => res.end('ok'));
+              // No socket yet: the failed pipe destroys the response, and Node destroys its socket when its turn comes.
+              const source = new Readable({
+                read() {
+                  this.destroy(new Error('cursor failed'));
+                },
+              });
+              pipeline(source, res, () => piped.resolve());
+            },
+          },
+        },
+      });
+      const socket = await pipelined(app.url, [`/pipe?order=${first}`, `/pipe?order=${second}`]);
+      try {
+        await within(piped.promise, 5_000, 'the pipe to fail');
+        expect(await lockedInRedis(second)).toBe(true);
+        gate.resolve();
+        await until(async () => !(await lockedInRedis(second)), 2_000, 'the lock of the destroyed response to be freed', 20);
+        expect(kept.length).toBe(2);
+      } finally {
+        socket.destroy();
+      }
     });
 
     it('keeps the lock of a handler whose connection a socket timeout closed, until the handler ends the response', async () => {
@@ -709,6 +729,44 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     gate.resolve();
     expect((await first).status).toBe(200);
     expect(runs.filter((o) => o === busy)).toHaveLength(1);
+  });
+
+  it('watches a connection once for all its pipelined waiters: no MaxListenersExceededWarning with twelve of them', async () => {
+    const busy = freshOrder('pipe-many');
+    const gate = deferred();
+    const holding = deferred();
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      const app = await start({
+        routes: {
+          '/buy': {
+            use: [fw.withLock(orderKey, { redis, wait: 10_000 })],
+            handle: async (c) => {
+              if (c.query.hold === '1') {
+                holding.resolve();
+                await gate.promise;
+              }
+              return undefined;
+            },
+          },
+        },
+      });
+      const first = get(`${app.url}/buy?order=${busy}&hold=1`);
+      await within(holding.promise, 5_000, 'the holder');
+      const socket = await pipelined(app.url, Array.from({ length: 12 }, () => `/buy?order=${busy}`));
+      await until(async () => (await redis.zcard(lockNames('hasp:lock:', busy).queue)) === 12, 5_000, 'twelve waiters in the queue');
+      socket.destroy();
+      await until(() => app.errors.length === 12, 5_000, 'the waits to stop');
+      expect(app.errors.every((e) => e.code === 'CLIENT_CLOSED_REQUEST')).toBe(true);
+      gate.resolve();
+      expect((await first).status).toBe(200);
+      await new Promise((resolve) => setImmediate(resolve)); // a warning is emitted on the next tick
+      expect(warnings.filter((w) => w.name === 'MaxListenersExceededWarning')).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+    }
   });
 
   it('keeps one handler per key and leaks no lock under a storm of waiting, finishing and disconnecting clients', async () => {

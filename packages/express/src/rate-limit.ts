@@ -1,6 +1,6 @@
 // rateLimit() for Express: a token bucket per key, the RateLimit fields on every response, a 429 to next(err) on denial.
 import type { Decision } from '@hasp/core';
-import { clientIpKey, giveBackTakes, RateLimiter } from '@hasp/core/http';
+import { clientIpKey, giveBackTakes, onConnectionClose, RateLimiter } from '@hasp/core/http';
 import type { NextFunction, Request, Response } from 'express';
 import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, RateLimitHandler, RateLimitOptions } from './types.js';
 
@@ -128,9 +128,13 @@ export function rateLimit<
       if (err === undefined || err === 'route' || err === 'router') passed = true;
       next(err);
     };
-    res.once('close', () => {
+    const over = (): void => {
       if (!passed && res.writableEnded) void giveBackTakes(res.locals);
-    });
+    };
+    res.once('close', over);
+    // A pipelined response queued behind another never closes if the connection goes before its turn: the
+    // connection's close tells then (the takes go back once, whichever comes first).
+    if (res.socket == null && req.socket != null) res.once('close', onConnectionClose(req.socket, over));
     let out: unknown;
     try {
       out = h(req, res, onward, d);

@@ -46,7 +46,14 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
   // A pipelined request's response waits for the one ahead of it on the connection before it gets the socket, and if
   // the connection goes meanwhile it never closes: registered now, its locks go once nothing can end it (a response
   // still in use is not collected, and a release after the end does nothing).
-  if (res.socket == null) abandoned.register(r, r[HELD]);
+  if (res.socket == null) {
+    abandoned.register(r, r[HELD]);
+    // Its turn may still come: the socket it gets then tells who closed it (a failed pipe into it destroys it, which
+    // frees the locks at once, as for a response that had its socket from the start).
+    res.once('socket', (socket: Socket) => {
+      r[SOCKET] = socket;
+    });
+  }
 }
 
 /** On 'close': nothing to do after the end; otherwise the locks go now, or once the response is collected. */

@@ -88,9 +88,10 @@ export class RateLimitFields {
   constructor(name: string, capacity: number, rate: number) {
     const sfName = sfString(name, 'policy');
     this.quota = sfInteger(capacity);
-    // Rounded to the µs first: a rate such as '11/min' is 11/60 tokens per second in floating point, which makes
-    // 11 ÷ rate 60.000000000000007, and a whole window one second too long.
-    this.window = Math.max(1, sfInteger(Math.ceil(Math.round((capacity / rate) * 1e6) / 1e6)));
+    // A relative 1e-12 shaved off before rounding up, as gcraParams does: a rate such as '11/min' is 11/60 tokens per
+    // second in floating point, which makes 11 ÷ rate 60.000000000000007, and a bare ceil a window a second too long.
+    const w = capacity / rate;
+    this.window = Math.max(1, sfInteger(Number.isFinite(w) ? Math.ceil(w - w * 1e-12) : w));
     this.policy = `${sfName};q=${this.quota};w=${this.window}`;
     this.itemPrefix = `${sfName};r=`;
     this.tokenMs = gcraParams(capacity, rate).interval / 1_000;

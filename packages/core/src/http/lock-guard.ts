@@ -7,6 +7,7 @@ import { Redlock } from '../lock/redlock.js';
 import type { Lease, Locker, RedisClient, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import * as v from '../util/validate.js';
+import { onConnectionClose, type Closable } from './connection.js';
 import { clientClosedError, lockBusyError, lockUnavailableError } from './errors.js';
 import { retryAfterSeconds } from './fields.js';
 import { callKey, type KeyFunction } from './inputs.js';
@@ -242,17 +243,18 @@ export class LockGuard<Arg> {
     // connection goes meanwhile: the connection's own close tells then. (Its request's 'close' would not: that also
     // fires once a body has been read.)
     const connection = res.socket == null ? res.req?.socket : undefined;
+    let unwatch: (() => void) | undefined;
     if (res.destroyed || connection?.destroyed === true) onClose();
     else {
       res.once('close', onClose);
-      connection?.once('close', onClose);
+      if (connection != null) unwatch = onConnectionClose(connection, onClose);
     }
     options.signal = gone.signal;
     try {
       return await holdLock(this.locker, key, options);
     } finally {
       res.off('close', onClose);
-      connection?.off('close', onClose);
+      unwatch?.();
     }
   }
 }
@@ -265,9 +267,3 @@ export interface ClosableResponse extends Closable {
   readonly req?: { readonly socket?: Closable | null };
 }
 
-/** An emitter of 'close' that says whether it has closed (a response, a socket). */
-export interface Closable {
-  readonly destroyed: boolean;
-  once(event: 'close', listener: () => void): unknown;
-  off(event: 'close', listener: () => void): unknown;
-}
