@@ -458,6 +458,26 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         await next!.release();
       });
 
+      it('settles once the lock is free: after fn released the lease itself, or lost it by its clock while the store held it', async () => {
+        const f = await fixtureWith({ onError: () => undefined });
+        const other = f.newConnectionLocker();
+        for (const how of ['released by fn', 'lost by its clock'] as const) {
+          const key = freshKey('using-free');
+          await f.locker.using(
+            key,
+            async (lease) => {
+              // Not awaited: using's own release is the one to wait for.
+              if (how === 'released by fn') void lease.release();
+              else await abortReason(lease.signal, 3_000, 'the lease to run out');
+            },
+            { ttl: 400, autoExtend: false },
+          );
+          const next = await other.tryAcquire(key);
+          expect(next, how).not.toBeNull();
+          await next!.release();
+        }
+      });
+
       it('with autoExtend: false, lets the lease expire while fn runs', async () => {
         const f = await fixtureWith({ onError: () => undefined });
         const key = freshKey('no-extend');

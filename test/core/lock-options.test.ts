@@ -178,3 +178,26 @@ describe('lease.extend', () => {
     await lease.release();
   });
 });
+
+describe('lockers on a Sentinel client', () => {
+  it('warn once per process when the client lacks failoverDetector, which keeps it on a demoted master', async () => {
+    const sentinel = (failoverDetector?: boolean) =>
+      new Redis({ sentinels: [{ host: '127.0.0.1', port: 1 }], name: 'm', lazyConnect: true, ...(failoverDetector ? { failoverDetector } : {}) });
+    const warnings: (Error & { code?: string })[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    const made: Locker[] = [];
+    try {
+      made.push(new RedisLock(sentinel(true)), new RedisLock(new Redis({ lazyConnect: true })));
+      await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
+      expect(warnings).toEqual([]);
+      made.push(new Redlock([sentinel(), sentinel(true)]), new RedisLock(sentinel()));
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(warnings.map((w) => w.code)).toEqual(['HASP_SENTINEL_FAILOVER_DETECTOR']);
+      expect(warnings[0]!.message).toMatch(/failoverDetector: true/);
+    } finally {
+      process.off('warning', onWarning);
+      for (const l of made) (l as RedisLock).close();
+    }
+  });
+});

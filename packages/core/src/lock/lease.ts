@@ -84,6 +84,19 @@ export class LeaseImpl implements Lease {
     return this.ended;
   }
 
+  /** Ended without its holder releasing it (by its clock, or the store said so). */
+  get lost(): boolean {
+    return this.ended && this.releasing === undefined && !this.released;
+  }
+
+  /**
+   * For how much longer (ms) the store may still hold this lease's key: until its end plus the drift the store allows
+   * for (its expiry is that much before the store's). After that, a release frees nothing the ttl has not freed.
+   */
+  storeMayHoldFor(): number {
+    return Math.max(0, this.expiry + this.store.drift(this.ttl) - this.store.now());
+  }
+
   async extend(ttl: number = this.ttl): Promise<void> {
     v.duration('ttl', ttl);
     // Past its end by our clock the lease is over, whatever Redis still holds: its holder may have been told so.

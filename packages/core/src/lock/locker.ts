@@ -5,6 +5,7 @@ import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, Usin
 import { randomToken } from '../util/token.js';
 import { LONG_KEY_CHARS } from '../redis/keys.js';
 import { ignoreRejection, watchAbort } from '../util/abort.js';
+import { realClearTimeout, realSetTimeout } from '../util/real-timers.js';
 import * as v from '../util/validate.js';
 import { LeaseImpl, type LeaseTies } from './lease.js';
 import { MAX_POLL_MS } from './scripts.lua.js';
@@ -78,6 +79,18 @@ export function checkTtl(locker: object, ttl: number): void {
   if (store !== undefined) usableTtl(store, ttl);
 }
 
+/** Resolves once `promise` settles (it never rejects) or `ms` ms have passed, whichever comes first. */
+function settledWithin(promise: Promise<void>, ms: number): Promise<void> {
+  if (ms <= 0) return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = realSetTimeout(resolve, Math.ceil(ms));
+    void promise.then(() => {
+      realClearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
 /** The error of an acquire whose grants all came too late to be of use. */
 function tooSlow(took: number): LockUnavailableError {
   return new LockUnavailableError(`lock acquire took ${took} ms, longer than the ttl allows: the lease would have ended`);
@@ -122,7 +135,7 @@ export abstract class BaseLocker implements Locker {
     try {
       return await fn(lease);
     } finally {
-      const lost = lease.over;
+      const lost = lease.lost;
       const released = lease.release().then(
         () => undefined,
         (error: unknown) => {
@@ -131,10 +144,11 @@ export abstract class BaseLocker implements Locker {
           this.reportError({ operation: 'release', key, error: err });
         },
       );
-      // A lost lease's holder has been told already, and waiting on its release (up to `timeout` with Redis frozen)
-      // would only hold fn's outcome back: whatever Redis still has of it is nobody's, and goes with the release when
-      // it lands, or with the ttl. A live lease's release is awaited, so that the lock is free when `using` settles.
+      // Awaited, so that the lock is free when `using` settles; for a lease lost meanwhile, only for as long as the
+      // store may still hold its key (its end plus the drift allowance: 300 ms at the default ttl): past that the ttl
+      // has freed it, and waiting on the release (up to `timeout` with Redis frozen) would only hold fn's outcome back.
       if (!lost) await released;
+      else await settledWithin(released, lease.storeMayHoldFor());
     }
   }
 

@@ -38,6 +38,7 @@ export class RedisLock extends BaseLocker {
     const base = resolveLockerOptions(o);
     const prefix = checkPrefix(v.string('prefix', o.prefix));
     assertLockNames('redis', redis, prefix);
+    warnIfSentinelStays(redis);
     const timeout = v.duration('timeout', o.timeout);
     super(new RedisLockStore(redis, prefix, timeout, REDIS_LOCK_DEFAULTS.driftFactor), base);
   }
@@ -49,6 +50,24 @@ export function assertClient(name: string, value: unknown): void {
   if (typeof c !== 'object' || c === null || typeof c.evalsha !== 'function' || typeof c.duplicate !== 'function') {
     throw new TypeError(`${name} must be an ioredis Redis or Cluster instance, got ${v.describe(value)}`);
   }
+}
+
+let warnedSentinel = false;
+
+/**
+ * Warns once per process when a locker is made on an ioredis Sentinel client without `failoverDetector`: such a
+ * client keeps its connection to a master Sentinel has demoted until Sentinel reconfigures it (about 10 s after a
+ * `SENTINEL FAILOVER`, measured), and that master goes on granting locks beside the new one. A warning, not an error:
+ * the option is the client's, and a deployment may have its reasons.
+ */
+export function warnIfSentinelStays(client: unknown): void {
+  const o = (client as { options?: { sentinels?: unknown; failoverDetector?: unknown } }).options;
+  if (warnedSentinel || !Array.isArray(o?.sentinels) || o.sentinels.length === 0 || o.failoverDetector === true) return;
+  warnedSentinel = true;
+  process.emitWarning(
+    'hasp: a lock on an ioredis Sentinel client without failoverDetector: true. After a failover the client stays on the demoted master, which grants locks beside the new one until Sentinel reconfigures it (about 10 s): make the client with failoverDetector: true (see "Sentinel" in the @hasp/core README)',
+    { code: 'HASP_SENTINEL_FAILOVER_DETECTOR' },
+  );
 }
 
 /**

@@ -14,6 +14,7 @@ import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
+import { realSetTimeout } from '../util/real-timers.js';
 import { randomToken } from '../util/token.js';
 import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
 import { ACQUIRE, EXTEND, extendArgs, holdId, LEAVE, RAISE_FENCE, RELEASE, releaseArgs, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
@@ -631,5 +632,5 @@ function elapsedSince(started: number): number {
 // Not unref'd: the caller awaits this call, and a round on clients that have all ended (quit, or their retryStrategy
 // gave up) holds no socket, so an unref'd pause would let the process exit with the call never settled.
 function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
+  return new Promise((resolve) => realSetTimeout(resolve, ms));
 }

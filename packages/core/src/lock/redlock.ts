@@ -3,7 +3,7 @@ import { checkPrefix } from '../redis/keys.js';
 import type { RedisClient, RedlockOptions } from '../types.js';
 import * as v from '../util/validate.js';
 import { BaseLocker, resolveLockerOptions } from './locker.js';
-import { REDIS_LOCK_DEFAULTS, assertClient, assertLockNames } from './redis-lock.js';
+import { REDIS_LOCK_DEFAULTS, assertClient, assertLockNames, warnIfSentinelStays } from './redis-lock.js';
 import { RedlockStore } from './redlock-store.js';
 
 const OPTIONS = ['ttl', 'wait', 'onError', 'prefix', 'timeout', 'driftFactor', 'quorum', 'nodeTimeout', 'retryCount', 'retryDelay'] as const;
@@ -42,6 +42,7 @@ export class Redlock extends BaseLocker {
       throw new TypeError(`clients must be a non-empty array of ioredis clients, got ${v.describe(clients)}`);
     }
     clients.forEach((c, i) => assertClient(`clients[${i}]`, c));
+    clients.forEach(warnIfSentinelStays);
     if (new Set(clients).size !== clients.length) throw new RangeError('clients must not contain the same client twice');
     const given = v.definedOnly(options);
     v.knownKeys('Redlock', given, OPTIONS);

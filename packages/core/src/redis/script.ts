@@ -10,7 +10,7 @@
 // batch form of its own for merged calls of that script alone (the token bucket's take: an HTTP server's requests).
 import { createHash } from 'node:crypto';
 import type { RedisClient } from '../types.js';
-import { realSetImmediate } from '../util/real-timers.js';
+import { realNextTick, realSetImmediate } from '../util/real-timers.js';
 import { batchWrites, sendIfFull, writeNow } from './auto-pipeline.js';
 import { unavailable } from './call.js';
 import { hashSlot } from './keys.js';
@@ -318,13 +318,13 @@ function enqueue(client: RedisClient, stream: object, script: Script, keys: read
       batch.eager = true;
       // Once this callback and every promise reaction it set off have run (a tick queued from a reaction runs after
       // the whole microtask queue), so all the replies of one socket read and what their callers do next share it.
-      process.nextTick(flushBatch, batch);
+      realNextTick(flushBatch, batch);
     }
     batch.calls.push({ script, keys, args, resolve, reject });
     if (!counting) {
       counting = true;
       // Queued from a promise reaction, this runs once the whole microtask queue has: the tick ends there.
-      process.nextTick(nextTick);
+      realNextTick(nextTick);
     }
     if (batch.tick !== tick) {
       batch.tick = tick;

@@ -20,6 +20,8 @@ function faked(fn: unknown): boolean {
 // Read once, now: later reads of the module's exports (a CommonJS build reads them per call) would see the fakes.
 const loadedSetImmediate = timers.setImmediate;
 const loadedSetTimeout = timers.setTimeout;
+const loadedClearTimeout = timers.clearTimeout;
+const loadedNextTick = process.nextTick;
 
 /**
  * `setImmediate` as Node had it when hasp loaded. Loaded under fakes already (Jest's `enableGlobally`), the end of the
@@ -33,6 +35,18 @@ export const realSetImmediate: <A extends unknown[]>(fn: (...args: A) => void, .
 
 /** `setTimeout` as Node had it when hasp loaded (the fake's, if hasp loaded under fakes: nothing else keeps time). */
 export const realSetTimeout: typeof timers.setTimeout = loadedSetTimeout;
+/** `clearTimeout` to go with {@link realSetTimeout} (a fake one may refuse a real timer). */
+export const realClearTimeout: typeof timers.clearTimeout = loadedClearTimeout;
+
+/**
+ * `process.nextTick` as Node had it when hasp loaded (Jest's modern fakes replace it by default: a merged call waiting
+ * on it never went out, and every later call on its connection joined it). A microtask stands in for a fake.
+ */
+export const realNextTick: <A extends unknown[]>(fn: (...args: A) => void, ...args: A) => void = faked(loadedNextTick)
+  ? (fn, ...args) => {
+      void Promise.resolve().then(() => fn(...args));
+    }
+  : (loadedNextTick.bind(process) as <A extends unknown[]>(fn: (...args: A) => void, ...args: A) => void);
 
 /**
  * The real `performance.now`, to call on {@link nodePerformance}: from the prototype of perf_hooks' own instance, since
