@@ -449,6 +449,32 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('leaves the line again when a waiter’s attempt, sent again by ioredis after its call failed, queues it there', async () => {
+    const prefix = uniquePrefix('ghost');
+    // This process reaches Redis through the proxy and reconnects only after 600 ms; its calls time out after 150.
+    const { proxy, client, locks, close } = await proxied(prefix, { retryStrategy: () => 600 }, 150);
+    const other = locker({ prefix }).locks;
+    const admin = locker({ prefix }).redis;
+    const names = lockNames(prefix, 'k');
+    try {
+      const holder = await other.acquire('k', { ttl: 10_000 });
+      // The waiter's attempt goes out on a connection that drops before Redis reads it: the call fails (its LEAVE
+      // cannot be sent while the client reconnects), and ioredis sends the attempt again once it has, which puts the
+      // waiter, gone by then, in the line.
+      proxy.cutWhenSent(names.lock);
+      expectUnavailable(await within(rejection(locks.acquire('k', { wait: 5_000 })), 3_000, 'the waiter'));
+      await within(proxy.sent('eval'), 3_000, 'the attempt to go out again');
+      // Sent after it on the same connection: once answered, Redis has run the attempt.
+      expect(await client.ping()).toBe('PONG');
+      await until(async () => (await admin.zcard(names.queue)) === 0, 2_000, 'the line to be empty again');
+      await holder.release();
+      // Nobody left in the line: the next caller gets the lock at once.
+      expect(await other.tryAcquire('k')).not.toBeNull();
+    } finally {
+      await close();
+    }
+  });
+
   it('gives back an unsure acquire of a waiter named heir once the release that named it answers the lock went elsewhere', async () => {
     const prefix = uniquePrefix('held-back');
     const { redis, locks } = locker({ prefix, timeout: 300 });

@@ -143,7 +143,16 @@ export class RedisLockStore implements LockStore {
       // answers with the holder's token and added a hold to it, which its id names: releasing it drops just that hold.
       (late) => {
         const r = parseAttempt(late);
-        if (!r.ok) return;
+        if (!r.ok) {
+          // A waiter's attempt refused after its call gave up (ioredis sent it again after a reconnect, when the
+          // call's LEAVE could not go out) put the waiter back in the line, where it would hold up the next one until
+          // its place lapses (1.5 to 3 s): leave. Not when a release here named the token heir: its lease may hold the
+          // lock under it now, which LEAVE would let go.
+          if (queue && !this.named.has(token)) {
+            this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token])).catch(() => undefined);
+          }
+          return;
+        }
         // Not a grant under our own token while a release here may have handed it the lock: that lease's now, or, if
         // the release answers that it went elsewhere, given back then.
         if (r.token === token && this.named.has(token)) this.holdBack(token, { n, until: this.now() + ttl, hold });
