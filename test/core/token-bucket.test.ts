@@ -1,11 +1,12 @@
 // TokenBucket against SPEC "Core: token bucket": decisions, rates, one script call per take, the server's clock,
 // expiry, concurrent takers, bad arguments, hostile keys, a dead or frozen Redis, and the bounded in-memory store.
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { RateLimitUnavailableError, TokenBucket, type Decision } from '../../packages/core/src/index.js';
 import type { MemoryBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
 import { EXPIRY_GRID_US } from '../../packages/core/src/rate-limit/bucket.lua.js';
 import { subMsClock, wallNow } from '../../packages/core/src/util/clock.js';
+import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { bucketKey, expectInvalid, rejection, uniquePrefix, until, within } from './helpers.js';
 
@@ -772,6 +773,31 @@ describe('TokenBucket when Redis fails', () => {
     }
     // Only the newest take's TAT is the bucket's: given back first, it leaves the older one's, which then goes back too.
     await until(async () => (await bucket.peek('sms')).remaining === 2, 2_000, 'both refunds');
+  });
+
+  it('gives back a late take before a take this process makes in the turn its late reply came', async () => {
+    const proxy = await startProxy(down.port);
+    const redis = new Redis({ host: '127.0.0.1', port: proxy.port });
+    redis.on('error', () => undefined);
+    clients.push(redis);
+    const prefix = uniquePrefix('refund-turn');
+    const bucket = new TokenBucket({ capacity: 3, rate: '3/10min', redis, prefix, timeout: 200 });
+    try {
+      expect(await redis.ping()).toBe('PONG');
+      const letGo = proxy.holdReplies();
+      const late = rejection(bucket.take('sms'));
+      // Its reply comes in the same socket read as this PING's, whose reaction takes again a few hops later.
+      const second = redis.ping().then(async () => {
+        for (let i = 0; i < 20; i++) await null;
+        return bucket.take('sms');
+      });
+      expectUnavailable(await within(late, 2_000, 'a take whose reply is held'));
+      letGo();
+      // The late take's tokens came back before the second take: it leaves two, not one.
+      expect(await within(second, 2_000, 'the second take')).toMatchObject({ allowed: true, remaining: 2 });
+    } finally {
+      await proxy.close();
+    }
   });
 
   it('gives back a late take on a bucket in use: the key holds the TAT before it again, with an expiry that covers it', async () => {

@@ -390,13 +390,43 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       const socket = await pipelined(app.url, [`/pipe?order=${first}`, `/pipe?order=${second}`]);
       try {
         await within(piped.promise, 5_000, 'the pipe to fail');
-        expect(await lockedInRedis(second)).toBe(true);
-        gate.resolve();
+        // Before its turn: the response ahead of it is still being answered.
         await until(async () => !(await lockedInRedis(second)), 2_000, 'the lock of the destroyed response to be freed', 20);
+        expect(await lockedInRedis(first)).toBe(true);
         expect(kept.length).toBe(2);
       } finally {
+        gate.resolve();
         socket.destroy();
       }
+    });
+
+    it('frees at once the locks of pipelined responses whose connection the server closes (closeAllConnections)', async () => {
+      const kept: unknown[] = []; // keeps every response reachable: only the close may free the lock, not a collection
+      const orders = [freshOrder('close-all-ahead'), freshOrder('close-all-queued')];
+      const started: string[] = [];
+      const bothStarted = deferred();
+      const app = await start({
+        routes: {
+          '/buy': {
+            use: [fw.withLock(orderKey, { redis })],
+            // Never answered: the server's shutdown ends them.
+            express: (req, res) => {
+              kept.push(res);
+              started.push(String(req.query.order));
+              if (started.length === 2) bothStarted.resolve();
+            },
+          },
+        },
+      });
+      const socket = await pipelined(app.url, orders.map((o) => `/buy?order=${o}`));
+      await within(bothStarted.promise, 5_000, 'both handlers to start');
+      const closing = app.close();
+      for (const order of orders) {
+        await until(async () => !(await lockedInRedis(order)), 2_000, `the lock of ${order} to be freed`, 20);
+      }
+      await closing;
+      socket.destroy();
+      expect(kept.length).toBe(2);
     });
 
     it('keeps the lock of a handler whose connection a socket timeout closed, until the handler ends the response', async () => {

@@ -8,7 +8,7 @@
 // - the client (it disconnected) or a socket timeout: the handler may still be running, and holds the lock until it ends
 //   the response, which works on a closed connection; a handler that gives up on the gone client without ending it
 //   frees the locks when the response object is garbage-collected (nothing can end it any more, so its handler is done).
-import type { HeldLock } from '@hasp/core/http';
+import { onConnectionClose, type HeldLock } from '@hasp/core/http';
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 
@@ -48,12 +48,35 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
   // still in use is not collected, and a release after the end does nothing).
   if (res.socket == null) {
     abandoned.register(r, r[HELD]);
-    // Its turn may still come: the socket it gets then tells who closed it (a failed pipe into it destroys it, which
-    // frees the locks at once, as for a response that had its socket from the start).
+    // Until its turn, this process closing it shows only on its own destroy() (its 'close' waits for the turn: a
+    // failed pipe into it) and on the connection's close (it never closes if the connection goes first: a
+    // closeAllConnections(), Express answering the error of a response ahead of it): its locks go at once then, as
+    // for a response that had its socket from the start. Its turn may still come: the socket it gets then tells.
+    const destroy = res.destroy;
+    r.destroy = function destroyQueued(this: Tracked, error?: Error) {
+      if (this.socket == null) releaseNow(this);
+      return destroy.call(this, error);
+    } as ServerResponse['destroy'];
+    const connection = (res as { req?: { socket?: Socket | null } }).req?.socket;
+    const unwatch =
+      connection == null
+        ? undefined
+        : onConnectionClose(connection, () => {
+            if (r.socket == null && closedHere(connection)) releaseNow(r);
+          });
     res.once('socket', (socket: Socket) => {
       r[SOCKET] = socket;
+      unwatch?.();
     });
   }
+}
+
+/** Releases the locks of `r` now, if it still has them. */
+function releaseNow(r: Tracked): void {
+  const list = r[HELD];
+  if (list === undefined) return;
+  r[HELD] = undefined;
+  releaseAll(list);
 }
 
 /** On 'close': nothing to do after the end; otherwise the locks go now, or once the response is collected. */
@@ -61,8 +84,7 @@ function closedUnended(this: Tracked): void {
   const list = this[HELD];
   if (list === undefined) return;
   if (closedHere(this[SOCKET])) {
-    this[HELD] = undefined;
-    releaseAll(list);
+    releaseNow(this);
     return;
   }
   abandoned.register(this, list);

@@ -218,6 +218,8 @@ export class RedisBucketStore implements BucketStore {
   private remote(key: string, name: string, cost: number, commit: boolean, home: TakeHome | undefined): Promise<Decision> {
     const sent = nowUs();
     if (this.denied.size > 0) this.dropExpired(sent);
+    // Refunds still due go first: after this take they would find its TAT, and keep their tokens.
+    if (this.refunds !== undefined) this.sendRefunds();
     // A plain chain rather than async functions: this runs for every take.
     return this.call(
       () => TAKE.run(this.client, [name], [this.params.burst, this.params.interval, commit ? '1' : '0', cost]),
@@ -283,16 +285,20 @@ export class RedisBucketStore implements BucketStore {
     // first, each leaves the bucket at the TAT of the take before it, whose refund then goes through too.
     if (this.refunds === undefined) {
       this.refunds = [];
-      realSetImmediate(() => {
-        const due = this.refunds!;
-        this.refunds = undefined;
-        for (let i = due.length - 1; i >= 0; i--) {
-          const r = due[i]!;
-          this.giveBack(r.key, r.cost, r.stored).catch(() => undefined);
-        }
-      });
+      realSetImmediate(() => this.sendRefunds());
     }
     this.refunds.push({ key, cost, stored });
+  }
+
+  /** Sends the late takes' refunds that are due, newest first: at the end of the turn, or before a take of this store. */
+  private sendRefunds(): void {
+    const due = this.refunds;
+    if (due === undefined) return;
+    this.refunds = undefined;
+    for (let i = due.length - 1; i >= 0; i--) {
+      const r = due[i]!;
+      this.giveBack(r.key, r.cost, r.stored).catch(() => undefined);
+    }
   }
 
   private call<T>(op: () => Promise<T>, late?: (result: T) => void): Promise<T> {
