@@ -475,6 +475,48 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it.each(['before', 'after'] as const)(
+    'keeps a lease handed over here when its own attempt fails and lands later, its token forgotten %s the timeout',
+    async (when) => {
+      const prefix = uniquePrefix(`handed-late-${when}`);
+      const { proxy, client, locks, close } = await proxied(prefix, {}, 300);
+      const other = locker({ prefix }).locks;
+      const admin = locker({ prefix }).redis;
+      const names = lockNames(prefix, 'k');
+      // The store keeps the newest 1,024 tokens its releases handed the lock to: other hand-overs push one out.
+      const store = (locks as unknown as { store: { noteHeir(token: string): void } }).store;
+      const forget = () => {
+        for (let i = 0; i < 1_100; i++) store.noteHeir(`filler-${i}`);
+      };
+      try {
+        const a = await locks.acquire('k', { ttl: 20_000 });
+        const waiting = locks.acquire('k', { ttl: 20_000, wait: 30_000 });
+        await waiterAsleep(proxy, client);
+        const [token] = await admin.zrange(names.queue, 0, -1);
+        // B's next attempt (woken by hand) and A's release, which hands B the lock here, wait on their way to Redis.
+        const letGo = proxy.holdCommands();
+        const attempt = proxy.sent('evalsha');
+        await admin.publish(`${names.lock}:w`, token!);
+        await within(attempt, 2_000, 'the woken attempt');
+        void a.release();
+        const b = await within(waiting, 2_000, 'the hand-over here');
+        if (when === 'before') forget();
+        // B's attempt times out (300 ms): an unsure acquire, to give back were B's lease not live.
+        await new Promise((resolve) => setTimeout(resolve, 450));
+        if (when === 'after') forget();
+        // Redis refuses the attempt (A holds), then runs the hand-over: the lock is B's, and stays B's.
+        letGo();
+        expect(await client.ping()).toBe('PONG');
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        expect(b.signal.aborted).toBe(false);
+        expect(await other.tryAcquire('k')).toBeNull();
+        expect(await b.release()).toBe(true);
+      } finally {
+        await close();
+      }
+    },
+  );
+
   it('gives back an unsure acquire of a waiter named heir once the release that named it answers the lock went elsewhere', async () => {
     const prefix = uniquePrefix('held-back');
     const { redis, locks } = locker({ prefix, timeout: 300 });

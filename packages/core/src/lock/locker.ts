@@ -113,6 +113,7 @@ export abstract class BaseLocker implements Locker {
     this.defaults = defaults;
     usableTtl(store, defaults.ttl);
     STORES.set(this, store);
+    store.watchLeases?.((token) => this.liveLeases.has(token));
   }
 
   async acquire(key: string, options?: AcquireOptions): Promise<Lease> {
@@ -282,7 +283,7 @@ export abstract class BaseLocker implements Locker {
         if (o.signal?.aborted) throw abandon!();
         if (handed !== undefined) {
           const { grant, since } = handed;
-          const lease = this.leaseIfLive(key, grant, since, o);
+          const lease = this.leaseIfLive(key, grant, since, o, true);
           if (lease !== undefined) {
             acquired = true;
             return lease;
@@ -439,14 +440,16 @@ export abstract class BaseLocker implements Locker {
    * The lease of a grant, or undefined (the grant handed back) when it has already run out by our clock: a grant that
    * took longer than its ttl to arrive holds nothing its caller can use, and code run under it would run unprotected.
    */
-  private leaseIfLive(key: string, result: Grant, started: number, o: CallOptions): LeaseImpl | undefined {
+  private leaseIfLive(key: string, result: Grant, started: number, o: CallOptions, handed = false): LeaseImpl | undefined {
     const expiresAt = result.expiresAt ?? started + result.ttl - this.store.drift(result.ttl);
     if (expiresAt <= this.store.now()) {
       this.handBack(key, result);
       return undefined;
     }
     const token = result.token;
-    const ties = o.owner === '' ? undefined : this.tie(token);
+    // Counted while live: nested leases of an owner (they share a token), and a lease a release here handed the lock to,
+    // whose waiter's own acquire, failed or late, the store must not give back while it lives (watchLeases).
+    const ties = o.owner === '' && !handed ? undefined : this.tie(token);
     const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties, result.hold, result.cover);
     // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
     result.confirmation?.then((at) => {

@@ -7,7 +7,7 @@ import { WakeupShare } from '../redis/wakeups.js';
 import type { RedisClient } from '../types.js';
 import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import { monotonicNow } from '../util/clock.js';
-import { ACQUIRE, EXTEND, extendArgs, holdId, LEAVE, RELEASE, releaseArgs, TRANSFER } from './scripts.lua.js';
+import { ACQUIRE, EXTEND, extendArgs, holdId, LEAVE, LINE_ONLY, RELEASE, releaseArgs, TRANSFER } from './scripts.lua.js';
 import type { AttemptResult, Grant, Held, LockStore, Releasing } from './store.js';
 
 export { FENCE_RETENTION_MS, QUEUE_HEARTBEAT_MS } from './scripts.lua.js';
@@ -117,6 +117,8 @@ export class RedisLockStore implements LockStore {
   // Hand-overs need commands to run in the order they are sent: a standalone connection gives that, a Cluster client
   // (redirections) does not.
   private readonly ordered: boolean;
+  // Whether a lease of the locker holds the lock under a token now (see LockStore.watchLeases).
+  private isLive: (token: string) => boolean = () => false;
 
   constructor(
     private readonly client: RedisClient,
@@ -146,13 +148,13 @@ export class RedisLockStore implements LockStore {
         if (!r.ok) {
           // A waiter's attempt refused after its call gave up (ioredis sent it again after a reconnect, when the
           // call's LEAVE could not go out) put the waiter back in the line, where it would hold up the next one until
-          // its place lapses (1.5 to 3 s): leave. Not when a release here named the token heir: its lease may hold the
-          // lock under it now, which LEAVE would let go.
-          if (queue && !this.named.has(token)) {
-            this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token])).catch(() => undefined);
-          }
+          // its place lapses (1.5 to 3 s): it leaves the line, and only the line (a release here may have handed its
+          // lease the lock under this token since, which a whole LEAVE would let go).
+          if (queue) this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token, LINE_ONLY])).catch(() => undefined);
           return;
         }
+        // A lease of this locker holds the lock under this token now (a hand-over here): the grant is that lease's.
+        if (this.isLive(token)) return;
         // Not a grant under our own token while a release here may have handed it the lock: that lease's now, or, if
         // the release answers that it went elsewhere, given back then.
         if (r.token === token && this.named.has(token)) this.holdBack(token, { n, until: this.now() + ttl, hold });
@@ -183,6 +185,7 @@ export class RedisLockStore implements LockStore {
    * id, `hold`, names it, whatever the token.)
    */
   private releaseUnsure(token: string, u: Unsure): void {
+    if (this.isLive(token)) return;
     if (this.named.has(token)) {
       this.holdBack(token, u);
       return;
@@ -202,6 +205,10 @@ export class RedisLockStore implements LockStore {
     const u = this.unsure.get(token);
     if (u === undefined) return;
     // Named as a release's heir since (a hand-over that landed after the acquire failed): the lock may be its lease's.
+    if (this.isLive(token)) {
+      this.unsure.delete(token);
+      return;
+    }
     if (this.now() >= u.until || this.named.has(token)) {
       this.unsure.delete(token);
       if (this.now() < u.until) this.holdBack(token, u);
@@ -222,6 +229,10 @@ export class RedisLockStore implements LockStore {
         this.unsureTimer.unref();
       },
     );
+  }
+
+  watchLeases(isLive: (token: string) => boolean): void {
+    this.isLive = isLive;
   }
 
   async leave(key: string, token: string): Promise<void> {

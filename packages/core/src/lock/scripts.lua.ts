@@ -559,19 +559,27 @@ return 1
 `, { sharedClock: true });
 
 /**
+ * LEAVE's second argument for a waiter that leaves the line only, whatever the lock: a late refusal of an attempt whose
+ * call has given up proves the token did not hold the lock then, and a release of this process may have handed it the
+ * lock since, for a lease that is live.
+ */
+export const LINE_ONLY = 'line';
+
+/**
  * A waiter gives up: leave the queue, and if it was first while the lock is free, wake the next one. A lock handed to
- * it meanwhile (RELEASE's `heir`) is freed and passed on.
+ * it meanwhile (RELEASE's `heir`) is freed and passed on, unless ARGV[2] is {@link LINE_ONLY}.
  */
 export const LEAVE = new Script(`
 local lockKey = KEYS[1]        -- the lock
 local queueKey = KEYS[2]       -- waiters: name -> place
 local deadlinesKey = KEYS[3]   -- waiters: name -> heartbeat deadline µs
 local token = ARGV[1]          -- the waiter's token
+local lineOnly = ARGV[2] == '${LINE_ONLY}'  -- leave the line, and never the lock (see LINE_ONLY)
 local channel = lockKey .. ':w'  -- wake-up channel of this key
 local now = nil
 ${FIRST_LIVE}${WAKE_FIRST}
 -- A release in our process may have handed us the lock while we were giving up: pass it on.
-local cur = redis.call('GET', lockKey)
+local cur = not lineOnly and redis.call('GET', lockKey)
 if cur then
   local t, f, n, w, o = parse(cur)
   if t == token then

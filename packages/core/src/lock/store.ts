@@ -122,6 +122,12 @@ export interface LockStore {
   /** Frees connections and timers. */
   close(): void;
   /**
+   * Optional: how the store learns whether a lease of its locker holds the lock under `token` now. A store that gives
+   * back what a failed or late acquire took must never give back a live lease's lock (its record of the tokens its
+   * releases handed the lock to is bounded).
+   */
+  watchLeases?(isLive: (token: string) => boolean): void;
+  /**
    * Optional: sends the calls made so far now, instead of merged with later ones at the end of the callback or turn
    * (see script.ts), so that they reach Redis before what the process writes next elsewhere.
    */
