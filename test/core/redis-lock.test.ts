@@ -855,6 +855,40 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('settles using() only once the key is free when a lost lease’s last extension reached Redis late', async () => {
+    const prefix = uniquePrefix('using-late-extension');
+    const { proxy, locks, close } = await proxied(prefix);
+    const other = locker({ prefix }).locks;
+    let letGoLater: (() => void) | undefined;
+    try {
+      await within(
+        locks.using(
+          'k',
+          async (lease) => {
+            const first = lease.expiresAt;
+            // The first auto-extension (at half the ttl) reaches Redis 400 ms after it was sent: Redis keeps the key a
+            // ttl from then, longer than the lease counts (from before it was sent)...
+            const letGo = proxy.holdCommands();
+            await within(Promise.race([proxy.sent('eval'), proxy.sent('evalsha')]), 2_000, 'the extension');
+            await new Promise((resolve) => setTimeout(resolve, 400));
+            letGo();
+            await until(() => lease.expiresAt > first, 2_000, 'the extension’s reply');
+            // ... and nothing after it gets there: the lease runs out by its own clock, and its release hangs.
+            letGoLater = proxy.holdCommands();
+            await abortReason(lease.signal, 3_000, 'the lease to run out');
+          },
+          { ttl: 1_000 },
+        ),
+        5_000,
+        'using',
+      );
+      expect(await other.tryAcquire('k')).not.toBeNull();
+    } finally {
+      letGoLater?.();
+      await close();
+    }
+  });
+
   it('settles using() once fn does when its lease is lost, rather than wait out the release on a frozen server', async () => {
     const events: LockErrorEvent[] = [];
     const { redis, locks } = locker({ timeout: 4_000, onError: (e) => events.push(e) });

@@ -102,7 +102,7 @@ export interface Locker {
   /**
    * Acquires `key`, runs `fn`, and releases in `finally` (also when `fn` throws), settling once the release has. With
    * `autoExtend` (default) the lease is extended while `fn` runs; if it is lost, `lease.signal` aborts, and `using`
-   * waits on the release only while the store may still hold the key (the lease's end plus the drift allowance). A
+   * waits on the release only while the store may still hold the key by what it answered (a ttl from its last reply). A
    * failed release goes to `onError`, never in place of `fn`'s outcome.
    */
   using<T>(key: string, fn: (lease: Lease) => Promise<T>, options?: UsingOptions): Promise<T>;

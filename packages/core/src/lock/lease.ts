@@ -39,6 +39,9 @@ export class LeaseImpl implements Lease {
   // Until when (store clock) the store holds the lock for this lease after a hand-over confirmed once it had ended: a
   // release that could not be sent is worth sending again until then, though the lease itself ran out before.
   private confirmedUntil = 0;
+  // The latest the store may hold the lock for this lease by what it answered (store clock): its ttl ran from when it
+  // granted or extended, before the reply came. (The expiry counts from before the request went out: the other bound.)
+  private storeEnd: number;
 
   constructor(
     private readonly store: LockStore,
@@ -61,6 +64,7 @@ export class LeaseImpl implements Lease {
     public cover = '',
   ) {
     this.expiry = expiresAt;
+    this.storeEnd = store.now() + ttl;
     this.armExpiry();
   }
 
@@ -90,11 +94,11 @@ export class LeaseImpl implements Lease {
   }
 
   /**
-   * For how much longer (ms) the store may still hold this lease's key: until its end plus the drift the store allows
-   * for (its expiry is that much before the store's). After that, a release frees nothing the ttl has not freed.
+   * For how much longer (ms) the store may still hold this lease's key, by what it answered: past that, a release
+   * frees nothing the ttl has not freed. (An extension that timed out may still land and hold it longer.)
    */
   storeMayHoldFor(): number {
-    return Math.max(0, this.expiry + this.store.drift(this.ttl) - this.store.now());
+    return Math.max(0, Math.max(this.expiry + this.store.drift(this.ttl), this.storeEnd) - this.store.now());
   }
 
   async extend(ttl: number = this.ttl): Promise<void> {
@@ -217,6 +221,8 @@ export class LeaseImpl implements Lease {
       this.release().catch(() => undefined);
       return;
     }
+    // Redis recorded the hand-over, with this lease's ttl, before this reply.
+    this.storeEnd = Math.max(this.storeEnd, this.store.now() + this.ttl);
     if (expiresAt <= this.expiry) return;
     this.expiry = expiresAt;
     this.armExpiry();
@@ -247,6 +253,8 @@ export class LeaseImpl implements Lease {
       throw new LockLostError(this.key, `lease on "${this.key}" ended before its extension was confirmed`);
     }
     this.expiry = Math.max(this.expiry, started + left - this.store.drift(left));
+    // The store's ttl ran from when it got the extension, before this reply: by now it has less than `left` left.
+    this.storeEnd = Math.max(this.storeEnd, this.store.now() + left);
     this.armExpiry();
   }
 
