@@ -62,7 +62,7 @@ let warnedSentinel = false;
  */
 export function warnIfSentinelStays(client: unknown): void {
   const o = (client as { options?: { sentinels?: unknown; failoverDetector?: unknown } }).options;
-  if (warnedSentinel || !Array.isArray(o?.sentinels) || o.sentinels.length === 0 || o.failoverDetector === true) return;
+  if (warnedSentinel || !Array.isArray(o?.sentinels) || o.sentinels.length === 0 || Boolean(o.failoverDetector)) return;
   warnedSentinel = true;
   process.emitWarning(
     'hasp: a lock on an ioredis Sentinel client without failoverDetector: true. After a failover the client stays on the demoted master, which grants locks beside the new one until Sentinel reconfigures it (about 10 s): make the client with failoverDetector: true (see "Sentinel" in the @hasp/core README)',
