@@ -889,6 +889,43 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('settles using() of a lease handed over here, lost before Redis recorded the hand-over, only once the key is free', async () => {
+    const prefix = uniquePrefix('using-heir');
+    const { proxy, client, locks, close } = await proxied(prefix, {}, 8_000);
+    const other = locker({ prefix }).locks;
+    let letGo: (() => void) | undefined;
+    try {
+      const a = await locks.acquire('k', { ttl: 20_000 });
+      let onLost!: () => void;
+      const lost = new Promise<void>((resolve) => (onLost = resolve));
+      let settled = false;
+      const using = locks.using(
+        'k',
+        async (lease) => {
+          await abortReason(lease.signal, 5_000, 'the heir’s lease to run out');
+          onLost();
+        },
+        { ttl: 1_000, wait: 10_000 },
+      );
+      void using.then(() => (settled = true));
+      await waiterAsleep(proxy, client);
+      // A's release hands the lock to the waiter here; its TRANSFER (and all after it) waits on its way to Redis, which
+      // holds the key under A's token, for A's 20 s.
+      letGo = proxy.holdCommands();
+      void a.release();
+      await within(lost, 5_000, 'the heir’s lease to be lost');
+      // Its own reckoning (a 1 s ttl) says nothing of A's: using waits on the release.
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      expect(settled).toBe(false);
+      letGo();
+      await within(using, 5_000, 'using');
+      expect(await other.tryAcquire('k')).not.toBeNull();
+    } finally {
+      letGo?.();
+      await close();
+    }
+  });
+
   it('settles using() once fn does when its lease is lost, rather than wait out the release on a frozen server', async () => {
     const events: LockErrorEvent[] = [];
     const { redis, locks } = locker({ timeout: 4_000, onError: (e) => events.push(e) });

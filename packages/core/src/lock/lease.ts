@@ -98,6 +98,9 @@ export class LeaseImpl implements Lease {
    * frees nothing the ttl has not freed. (An extension that timed out may still land and hold it longer.)
    */
   storeMayHoldFor(): number {
+    // Let in by a hand-over Redis has not recorded yet: it holds the lock under the releasing lease's token, for as long
+    // as that lease's ttl says, which this one does not know.
+    if (this.cover !== '') return Infinity;
     return Math.max(0, Math.max(this.expiry + this.store.drift(this.ttl), this.storeEnd) - this.store.now());
   }
 

@@ -79,9 +79,17 @@ export function checkTtl(locker: object, ttl: number): void {
   if (store !== undefined) usableTtl(store, ttl);
 }
 
+/** Adds `by` to `token`'s count in `counts`, dropping it at 0. */
+function count(counts: Map<string, number>, token: string, by: number): void {
+  const n = (counts.get(token) ?? 0) + by;
+  if (n > 0) counts.set(token, n);
+  else counts.delete(token);
+}
+
 /** Resolves once `promise` settles (it never rejects) or `ms` ms have passed, whichever comes first. */
 function settledWithin(promise: Promise<void>, ms: number): Promise<void> {
   if (ms <= 0) return Promise.resolve();
+  if (ms === Infinity) return promise;
   return new Promise((resolve) => {
     const timer = realSetTimeout(resolve, Math.ceil(ms));
     void promise.then(() => {
@@ -105,6 +113,9 @@ export abstract class BaseLocker implements Locker {
   private readonly recentWaits = new Map<string, number>();
   // Leases handed out and not ended yet, by token (more than one: nested leases of one owner).
   private readonly liveLeases = new Map<string, number>();
+  // Leases a release in this process handed the lock to and not ended yet, by token: the store must not give back what
+  // their waiters' own acquires took (see LockStore.watchLeases).
+  private readonly handedLeases = new Map<string, number>();
 
   protected constructor(
     protected readonly store: LockStore,
@@ -113,7 +124,7 @@ export abstract class BaseLocker implements Locker {
     this.defaults = defaults;
     usableTtl(store, defaults.ttl);
     STORES.set(this, store);
-    store.watchLeases?.((token) => this.liveLeases.has(token));
+    store.watchLeases?.((token) => this.handedLeases.has(token));
   }
 
   async acquire(key: string, options?: AcquireOptions): Promise<Lease> {
@@ -449,7 +460,7 @@ export abstract class BaseLocker implements Locker {
     const token = result.token;
     // Counted while live: nested leases of an owner (they share a token), and a lease a release here handed the lock to,
     // whose waiter's own acquire, failed or late, the store must not give back while it lives (watchLeases).
-    const ties = o.owner === '' && !handed ? undefined : this.tie(token);
+    const ties = o.owner === '' && !handed ? undefined : this.tie(token, o.owner !== '', handed);
     const lease = new LeaseImpl(this.store, key, token, result.fence, expiresAt, o.ttl, (e) => this.reportError(e), o.owner, ties, result.hold, result.cover);
     // Let in by a release in this process before the store recorded it: the lease holds on once the store confirms.
     result.confirmation?.then((at) => {
@@ -470,13 +481,13 @@ export abstract class BaseLocker implements Locker {
 
   // Leases of one owner nest under one token (a lease without an owner is always its lock's only hold): counted while
   // they have not ended, so that the store knows whether a release leaves the lock to another of them.
-  private tie(token: string): LeaseTies {
-    this.liveLeases.set(token, (this.liveLeases.get(token) ?? 0) + 1);
+  private tie(token: string, owned: boolean, handed: boolean): LeaseTies {
+    if (owned) count(this.liveLeases, token, 1);
+    if (handed) count(this.handedLeases, token, 1);
     return {
       ended: () => {
-        const left = this.liveLeases.get(token)! - 1;
-        if (left > 0) this.liveLeases.set(token, left);
-        else this.liveLeases.delete(token);
+        if (owned) count(this.liveLeases, token, -1);
+        if (handed) count(this.handedLeases, token, -1);
       },
       shared: () => this.liveLeases.has(token),
     };
