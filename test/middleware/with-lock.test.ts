@@ -321,18 +321,18 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
   });
 
   if (name.startsWith('express')) {
-    // Express never ends these responses: it answers an error after the headers were sent by destroying the
-    // connection, and a pipe whose source fails destroys the response. Nothing can end them any more, so the lock goes
-    // at once, not whenever the response happens to be collected (which under traffic can take minutes).
-    it('frees the lock at once when the server destroys the response (a late error, a failed pipe)', async () => {
-      const kept: unknown[] = []; // keeps every response reachable: only the close may free the lock, not a collection
+    // A response this process destroys (a pipe whose source fails) cannot be ended any more, so its lock goes at once,
+    // not whenever the response happens to be collected (which under traffic can take minutes). A connection closed
+    // under a response (Express answering an error after the headers were sent) is no such sign: who closed it cannot
+    // be told (a client's CONNECT makes Node close it the same way), and its handler may still be running.
+    it('frees the lock at once when this process destroys the response (a failed pipe), and on collection after a late error', async () => {
+      const kept: unknown[] = []; // keeps the piped responses reachable: only the destroy may free their locks
       const app = await start({
         errors: 'default',
         routes: {
           '/late-error': {
             use: [fw.withLock(orderKey, { redis })],
             express: (_req, res, next) => {
-              kept.push(res);
               if (_req.query.then === 'answer') return res.end('ok');
               res.write('partial');
               setTimeout(() => next(new Error('failed after the headers')), 10);
@@ -347,7 +347,8 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
               const source = new Readable({
                 read() {
                   if (rows++ < 3) this.push('row\n');
-                  else this.destroy(new Error('cursor failed'));
+                  // An upstream that reset, as a proxied body's source would: an error that names a syscall.
+                  else this.destroy(Object.assign(new Error('upstream reset'), { code: 'ECONNRESET', syscall: 'read' }));
                 },
               });
               pipeline(source, res, () => undefined);
@@ -355,13 +356,67 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
           },
         },
       });
-      for (const path of ['/late-error', '/pipe']) {
-        const order = freshOrder(`destroyed${path.replace('/', '-')}`);
-        await readUntilClosed(`${app.url}${path}?order=${order}`);
-        await until(async () => !(await lockedInRedis(order)), 2_000, `the lock of ${path} to be freed`, 20);
-        expect((await get(`${app.url}${path}?order=${order}&then=answer`)).status).toBe(200);
+      const piped = freshOrder('destroyed-pipe');
+      await readUntilClosed(`${app.url}/pipe?order=${piped}`);
+      await until(async () => !(await lockedInRedis(piped)), 2_000, 'the lock of the destroyed response to be freed', 20);
+      expect((await get(`${app.url}/pipe?order=${piped}&then=answer`)).status).toBe(200);
+      expect(kept.length).toBe(2);
+      const late = freshOrder('late-error');
+      await readUntilClosed(`${app.url}/late-error?order=${late}`);
+      await freedOnCollection(late);
+      expect((await get(`${app.url}/late-error?order=${late}&then=answer`)).status).toBe(200);
+    });
+
+    it('keeps the lock while the handler runs when the client sends CONNECT after its request (Node closes the socket)', async () => {
+      const order = freshOrder('connect');
+      const started = deferred();
+      const finish = deferred();
+      const app = await start({
+        routes: {
+          '/buy': {
+            use: [fw.withLock(orderKey, { redis })],
+            express: (req, res) => {
+              if (req.query.then === 'probe') return res.end('probe');
+              started.resolve();
+              void finish.promise.then(() => res.end('ok'));
+            },
+          },
+        },
+      });
+      const socket = await pipelined(app.url, [`/buy?order=${order}`]);
+      await within(started.promise, 5_000, 'the handler to start');
+      // No 'connect' listener: Node destroys the connection with no error, as code of this process would.
+      socket.write('CONNECT x:1 HTTP/1.1\r\nHost: x\r\n\r\n');
+      await within(new Promise((resolve) => socket.once('close', resolve)), 5_000, 'the connection to close');
+      try {
+        expect((await get(`${app.url}/buy?order=${order}&then=probe`)).status).toBe(423);
+      } finally {
+        finish.resolve();
       }
-      expect(kept.length).toBe(4);
+      await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed once answered', 20);
+    });
+
+    it('frees the lock of a second withLock at once when the response was destroyed before it held (no double wrap)', async () => {
+      const [outer, inner] = [freshOrder('outer'), freshOrder('inner')];
+      const app = await start({
+        routes: {
+          '/buy': {
+            use: [
+              fw.withLock(() => outer, { redis }),
+              (_req: unknown, res: { destroy(): void }, next: () => void) => {
+                res.destroy();
+                next();
+              },
+              fw.withLock(() => inner, { redis }),
+            ],
+            express: (_req, res) => res.end('ok'),
+          },
+        },
+      });
+      await readUntilClosed(`${app.url}/buy`);
+      for (const order of [outer, inner]) {
+        await until(async () => !(await lockedInRedis(order)), 2_000, `the lock of ${order} to be freed`, 20);
+      }
     });
 
     it('frees the lock at once when the server destroys a pipelined response before its turn came', async () => {
@@ -400,16 +455,15 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       }
     });
 
-    it('frees at once the locks of pipelined responses whose connection the server closes (closeAllConnections)', async () => {
-      const kept: unknown[] = []; // keeps every response reachable: only the close may free the lock, not a collection
+    it('keeps the locks of pipelined responses whose connection the server closes until their handlers give up', async () => {
       const orders = [freshOrder('close-all-ahead'), freshOrder('close-all-queued')];
       const started: string[] = [];
       const bothStarted = deferred();
+      const kept: unknown[] = []; // their handlers still running: the responses stay reachable until they give up
       const app = await start({
         routes: {
           '/buy': {
-            use: [fw.withLock(orderKey, { redis })],
-            // Never answered: the server's shutdown ends them.
+            use: [fw.withLock(orderKey, { redis, ttl: 2_000 })],
             express: (req, res) => {
               kept.push(res);
               started.push(String(req.query.order));
@@ -420,13 +474,12 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       });
       const socket = await pipelined(app.url, orders.map((o) => `/buy?order=${o}`));
       await within(bothStarted.promise, 5_000, 'both handlers to start');
-      const closing = app.close();
-      for (const order of orders) {
-        await until(async () => !(await lockedInRedis(order)), 2_000, `the lock of ${order} to be freed`, 20);
-      }
-      await closing;
+      await app.close();
       socket.destroy();
-      expect(kept.length).toBe(2);
+      // The handlers could still end their responses: the locks stay (auto-extended), until the responses are collected.
+      for (const order of orders) expect(await lockedInRedis(order)).toBe(true);
+      kept.length = 0; // the handlers give up without answering
+      for (const order of orders) await freedOnCollection(order);
     });
 
     it('keeps the lock of a handler whose connection a socket timeout closed, until the handler ends the response', async () => {

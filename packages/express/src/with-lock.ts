@@ -10,9 +10,10 @@ import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, Reque
  * at `req.lock` and is auto-extended until the response is ended (by the handler, an error handler, or Express's final
  * handler, also for Express 5's rejected async handlers), then released once, before the response is sent.
  *
- * A response the server closes without ending it (Express answering an error after the headers were sent, a failed
- * `pipeline` into it) frees the lock at once. A client that disconnects, or a socket timeout, does not: the handler
- * still holds the lock until it ends the response (`res.end()` works on a closed connection, so handlers that always
+ * A response destroyed by code of this process (`res.destroy()`, a failed `pipeline` into it) frees the lock at once. A
+ * client that disconnects, a socket timeout, or a connection closed under the response (Express answering an error
+ * after the headers were sent, `closeAllConnections()`, a client's `CONNECT`) does not: the handler still holds the
+ * lock until it ends the response (`res.end()` works on a closed connection, so handlers that always
  * answer need nothing special). A handler that gives up on a gone client without ending the response frees the lock
  * when the response object is garbage-collected, which an idle Node process does within seconds and a busy one may not
  * do for minutes; end the response to free it at once. If `req.lock.signal` aborts (the lock was
