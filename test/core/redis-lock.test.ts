@@ -1205,6 +1205,29 @@ describe('RedisLock hand-overs Redis refuses', () => {
     await next.release();
   });
 
+  it('hands over within the process, in the order they came, to waiters whose calls shared one command', async () => {
+    let holder = await locks.acquire('k');
+    type Local = Map<string, { token: string; ahead?: Set<string> | null }[]>;
+    const local = (locks as unknown as { store: { local: Local } }).store.local;
+    // Made in one callback: their first attempts go out merged, and Redis reads one clock for all of them.
+    const waiting = Array.from({ length: 8 }, () => locks.acquire('k', { wait: 10_000 }));
+    await until(() => {
+      const line = local.get('k') ?? [];
+      return line.length === 8 && line.every((w) => w.ahead instanceof Set);
+    }, 3_000, 'the waiters to know who is ahead of them');
+    const order = local.get('k')!.map((w) => w.token);
+    expect(await admin.zrange(names.queue, 0, -1)).toEqual(order);
+    for (const [i, next] of waiting.entries()) {
+      void holder.release();
+      const heir = await within(next, 3_000, `waiter ${i}`);
+      // Let in within the process, in the order of the calls: the next fence, not the server clock's.
+      expect(heir.fence).toBe(holder.fence + 1);
+      holder = heir;
+    }
+    expect(await holder.release()).toBe(true);
+    await free();
+  });
+
   it('keeps handing over within the process down a long chain while Redis records each hand-over (no cover piles up)', async () => {
     const count = 24;
     let holder = await locks.acquire('k');

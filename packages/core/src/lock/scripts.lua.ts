@@ -261,7 +261,15 @@ local function join()
   -- A place ahead of this server's clock (its client's clock is fast) counts as now: waiters of a process whose clock
   -- runs ahead would otherwise queue behind everyone who arrives until real time catches up with their places.
   local at = now
-  if place and tonumber(place) < now then at = place end
+  if place then
+    if tonumber(place) < now then at = place end
+  else
+    -- Waiters that join in one merged command read one clock (sharedClock): each after the last keeps the order of
+    -- their calls, which their process's own line has (tied places would sort by token, and a release there would
+    -- name as heir one that Redis does not have first).
+    local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
+    if last and tonumber(last) >= at then at = tonumber(last) + 1 end
+  end
   redis.call('ZADD', queueKey, 'NX', at, member)
   redis.call('HSET', deadlinesKey, member, now + heartbeat * 1000)
   redis.call('PEXPIRE', queueKey, heartbeat)
