@@ -377,7 +377,7 @@ export class RedisLockStore implements LockStore {
       return;
     }
     // Its first refusal: waitHere follows at once. Bounded in case it does not (the waiter gave up meanwhile).
-    if (this.firstAhead.size >= LEFT_MAX) this.firstAhead.clear();
+    makeRoom(this.firstAhead, LEFT_MAX);
     this.firstAhead.set(token, set);
   }
 
