@@ -169,11 +169,19 @@ describe('scripts on a Cluster', () => {
   it('counts a script as known on the master that ran it when a stale slot map sent it to another one first', async () => {
     const admins = cluster.nodes.map((n) => n.client());
     const noScript = () => noScriptErrors(admins);
+    let mine = 0;
     let moveBack: (() => Promise<void>) | undefined;
     try {
       await Promise.all(admins.map((a) => a.script('FLUSH').catch(() => undefined)));
       const before = await noScript();
       await withClient(async (client) => {
+        // Counted on this client too: the masters' counts take in whatever other clients of this file still send.
+        const evalsha = client.evalsha.bind(client);
+        client.evalsha = ((...args: Parameters<typeof evalsha>) =>
+          evalsha(...args).catch((error: unknown) => {
+            if (error instanceof Error && error.message.startsWith('NOSCRIPT')) mine++;
+            throw error;
+          })) as typeof client.evalsha;
         const prefix = uniquePrefix('stale-map');
         const locks = new RedisLock(client, { prefix });
         try {
@@ -196,7 +204,8 @@ describe('scripts on a Cluster', () => {
           locks.close();
         }
       });
-      expect(await noScript()).toBe(before);
+      expect(mine).toBe(0);
+      expect(await noScript()).toBeGreaterThanOrEqual(before);
     } finally {
       await moveBack?.();
       for (const a of admins) a.disconnect();

@@ -255,6 +255,7 @@ if queue == '' or redis.call('EXISTS', queueKey) == 0 then
   end
 end
 ${FIRST_LIVE}
+local joinRank = nil  -- this waiter's rank in the line, when join() found it there already
 local function join()
   if queue ~= '1' then return end
   now = now or clock()
@@ -263,14 +264,19 @@ local function join()
   local at = now
   if place then
     if tonumber(place) < now then at = place end
+    redis.call('ZADD', queueKey, 'NX', at, member)
   else
-    -- Waiters that join in one merged command read one clock (sharedClock): each after the last keeps the order of
-    -- their calls, which their process's own line has (tied places would sort by token, and a release there would
-    -- name as heir one that Redis does not have first).
-    local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
-    if last and tonumber(last) >= at then at = tonumber(last) + 1 end
+    -- Already in line (a re-attempt): its place stays, and refused() reads the rank found here.
+    joinRank = redis.call('ZRANK', queueKey, member)
+    if not joinRank then
+      -- Waiters that join in one merged command read one clock (sharedClock): each after the last keeps the order of
+      -- their calls, which their process's own line has (tied places would sort by token, and a release there would
+      -- name as heir one that Redis does not have first).
+      local last = redis.call('ZRANGE', queueKey, -1, -1, 'WITHSCORES')[2]
+      if last and tonumber(last) >= at then at = tonumber(last) + 1 end
+      redis.call('ZADD', queueKey, 'NX', at, member)
+    end
   end
-  redis.call('ZADD', queueKey, 'NX', at, member)
   redis.call('HSET', deadlinesKey, member, now + heartbeat * 1000)
   redis.call('PEXPIRE', queueKey, heartbeat)
   redis.call('PEXPIRE', deadlinesKey, heartbeat)
@@ -281,7 +287,7 @@ end
 -- is first, and let it in at once (see TRANSFER).
 local function refused(pttl, holder)
   if queue ~= '1' or place then return {0, pttl, holder} end
-  local rank = redis.call('ZRANK', queueKey, token)
+  local rank = joinRank or redis.call('ZRANK', queueKey, token)
   if not rank or rank > aheadMax then return {0, pttl} end
   if rank == 0 then return {0, pttl, {}} end
   return {0, pttl, redis.call('ZRANGE', queueKey, 0, rank - 1)}
