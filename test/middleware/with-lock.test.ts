@@ -2,6 +2,7 @@
 // concurrent requests, parallelism across keys, release after errors and client disconnects, auto-extension, lost
 // locks, re-entry, and bad keys.
 import http from 'node:http';
+import net from 'node:net';
 import { PassThrough, pipeline, Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import v8 from 'node:v8';
@@ -365,6 +366,43 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       await readUntilClosed(`${app.url}/late-error?order=${late}`);
       await freedOnCollection(late);
       expect((await get(`${app.url}/late-error?order=${late}&then=answer`)).status).toBe(200);
+    });
+
+    it('keeps the lock while the handler runs when a pipe from a pipelined request fails because its client left', async () => {
+      const order = freshOrder('pipe-client-left');
+      const piped = deferred();
+      const finish = deferred();
+      const gate = deferred();
+      const app = await start({
+        routes: {
+          '/slow': { express: (_req, res) => void gate.promise.then(() => res.end('slow')) },
+          '/buy': {
+            use: [fw.withLock(orderKey, { redis })],
+            express: (req, res) => {
+              if (req.query.then === 'probe') return res.end('probe');
+              // The body comes from the client, which leaves: the pipe fails and destroys the response; the handler goes on.
+              pipeline(req, new PassThrough(), res, () => {
+                piped.resolve();
+                void finish.promise.then(() => res.end());
+              });
+            },
+          },
+        },
+      });
+      const { hostname, port } = new URL(app.url);
+      const socket = net.connect(Number(port), hostname);
+      socket.on('error', () => undefined);
+      await new Promise((resolve) => socket.once('connect', resolve));
+      socket.write(`GET /slow HTTP/1.1\r\nHost: x\r\n\r\nPOST /buy?order=${order} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc`);
+      await until(() => lockedInRedis(order), 5_000, 'the lock to be held');
+      socket.destroy();
+      await within(piped.promise, 5_000, 'the pipe to fail');
+      try {
+        expect((await get(`${app.url}/buy?order=${order}&then=probe`)).status).toBe(423);
+      } finally {
+        finish.resolve();
+        gate.resolve();
+      }
     });
 
     it('keeps the lock while the handler runs when the client sends CONNECT after its request (Node closes the socket)', async () => {

@@ -75,6 +75,10 @@ function endAndRelease(this: Tracked, ...args: unknown[]): unknown {
 }
 
 function destroyAndRelease(this: Tracked, ...args: unknown[]): unknown {
-  releaseHeld(this);
+  // Not when the client's leaving set it off: a pipe from the request into a response still waiting for its turn fails
+  // once the connection goes, and destroys the response, while the handler may go on (its response closed then).
+  if (!this.destroyed && (this as { req?: { socket?: { destroyed?: boolean } | null } }).req?.socket?.destroyed !== true) {
+    releaseHeld(this);
+  }
   return (this[DESTROY] as (...a: unknown[]) => unknown).apply(this, args);
 }

@@ -10,7 +10,8 @@ import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, Reque
  * at `req.lock` and is auto-extended until the response is ended (by the handler, an error handler, or Express's final
  * handler, also for Express 5's rejected async handlers), then released once, before the response is sent.
  *
- * A response destroyed by code of this process (`res.destroy()`, a failed `pipeline` into it) frees the lock at once. A
+ * A response destroyed by code of this process (`res.destroy()`, a failed `pipeline` into it) while its connection is
+ * open frees the lock at once. A
  * client that disconnects, a socket timeout, or a connection closed under the response (Express answering an error
  * after the headers were sent, `closeAllConnections()`, a client's `CONNECT`) does not: the handler still holds the
  * lock until it ends the response (`res.end()` works on a closed connection, so handlers that always
