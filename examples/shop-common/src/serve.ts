@@ -65,8 +65,9 @@ export function serveShop(name: string, createHandler: (stores: Stores, options:
     // Requests still running (a slow payment) get a few seconds to finish; without them the process ends by itself.
     setTimeout(() => {
       console.error('requests still running after 5 s: closing their connections');
-      // On Express a response closed unended frees its lock at once, and the release goes out before Redis closes (a
-      // Koa handler still running keeps its lock until its ttl). A Redis that does not answer gets a second, no more.
+      // Their handlers could still answer, so their locks stay (on Express until the response is ended or collected,
+      // on Koa until the handler returns): those of handlers cut off by the exit last until their ttl. A Redis that
+      // does not answer gets a second, no more.
       server.closeAllConnections();
       const gaveUp = new Promise((resolve) => setTimeout(resolve, 1_000).unref());
       void Promise.race([closeStores(), gaveUp]).finally(() => process.exit(1));
