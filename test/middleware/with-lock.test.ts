@@ -405,6 +405,41 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       }
     });
 
+    it('frees the lock at once when the handler rejects an upload: it destroys the request, then the response', async () => {
+      const order = freshOrder('rejected-upload');
+      const kept: unknown[] = []; // keeps the response reachable: only the destroy may free the lock
+      const rejected = deferred();
+      const app = await start({
+        routes: {
+          '/upload': {
+            use: [fw.withLock(orderKey, { redis })],
+            express: (req, res) => {
+              kept.push(res);
+              if (req.query.then === 'probe') return res.end('probe');
+              req.once('data', () => {
+                req.destroy();
+                res.destroy();
+                rejected.resolve();
+              });
+            },
+          },
+        },
+      });
+      const { hostname, port } = new URL(app.url);
+      const socket = net.connect(Number(port), hostname);
+      socket.on('error', () => undefined);
+      await new Promise((resolve) => socket.once('connect', resolve));
+      socket.write(`POST /upload?order=${order} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nfirst chunk`);
+      try {
+        await within(rejected.promise, 5_000, 'the upload to be rejected');
+        await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed', 20);
+        expect((await get(`${app.url}/upload?order=${order}&then=probe`)).status).toBe(200);
+      } finally {
+        socket.destroy();
+      }
+      expect(kept.length).toBe(2);
+    });
+
     it('keeps the lock while the handler runs when the client sends CONNECT after its request (Node closes the socket)', async () => {
       const order = freshOrder('connect');
       const started = deferred();

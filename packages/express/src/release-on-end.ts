@@ -14,12 +14,17 @@ import type { ServerResponse } from 'node:http';
 const HELD = Symbol('hasp.heldLocks');
 const END = Symbol('hasp.originalEnd');
 const DESTROY = Symbol('hasp.originalDestroy');
+const GIVEN_UP = Symbol('hasp.givenUp');
 
 type Tracked = ServerResponse & {
   [HELD]?: HeldLock[] | undefined;
   [END]?: ServerResponse['end'];
   [DESTROY]?: ServerResponse['destroy'];
+  /** This process destroyed the request while its connection was open (a rejected upload). */
+  [GIVEN_UP]?: boolean;
 };
+
+type Request = { socket?: { destroyed?: boolean } | null; destroy(...args: unknown[]): unknown };
 
 // Holds only the list of locks, never the response: a registered response stays collectable. (A release after the end
 // does nothing: HeldLock.release acts once.)
@@ -46,6 +51,17 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
   r.end = endAndRelease as ServerResponse['end'];
   r[DESTROY] = r.destroy;
   r.destroy = destroyAndRelease as ServerResponse['destroy'];
+  // A handler that rejects an upload destroys the request, which destroys the connection at once, and then the
+  // response: that is this process giving the response up, though the connection is gone by the response's destroy().
+  // (Node destroys a request itself only once its connection is gone.)
+  const req = (res as { req?: Request }).req;
+  if (req !== undefined && typeof req.destroy === 'function') {
+    const destroyRequest = req.destroy;
+    req.destroy = function destroyRequestHere(this: Request, ...args: unknown[]): unknown {
+      if (this.socket != null && this.socket.destroyed !== true) r[GIVEN_UP] = true;
+      return destroyRequest.apply(this, args);
+    };
+  }
   // Closed already (the client left while an earlier middleware or the acquire ran), or queued behind another response
   // on its connection, which it never closes if the connection goes before its turn: registered now. Otherwise 'close',
   // which fires once per response, after the end or when the connection goes: cheaper than registering every response.
@@ -77,7 +93,7 @@ function endAndRelease(this: Tracked, ...args: unknown[]): unknown {
 function destroyAndRelease(this: Tracked, ...args: unknown[]): unknown {
   // Not when the client's leaving set it off: a pipe from the request into a response still waiting for its turn fails
   // once the connection goes, and destroys the response, while the handler may go on (its response closed then).
-  if (!this.destroyed && (this as { req?: { socket?: { destroyed?: boolean } | null } }).req?.socket?.destroyed !== true) {
+  if (this[GIVEN_UP] === true || (!this.destroyed && (this as { req?: Request }).req?.socket?.destroyed !== true)) {
     releaseHeld(this);
   }
   return (this[DESTROY] as (...a: unknown[]) => unknown).apply(this, args);
