@@ -310,12 +310,17 @@ export function deferred<T = void>(): { promise: Promise<T>; resolve: (value: T)
  * Sends GETs of `paths` pipelined on one keep-alive connection (each written before any answer came), reading and
  * dropping whatever comes back. The second request's response waits behind the first one's until its turn.
  */
-export async function pipelined(url: string, paths: readonly string[]): Promise<net.Socket> {
+export function pipelined(url: string, paths: readonly string[]): Promise<net.Socket> {
+  return rawRequest(url, paths.map((p) => `GET ${p} HTTP/1.1\r\nHost: x\r\n\r\n`).join(''));
+}
+
+/** Writes `text` as it is on a new connection to `url`'s server (reading and dropping what comes back). */
+export async function rawRequest(url: string, text: string): Promise<net.Socket> {
   const { hostname, port } = new URL(url);
   const socket = net.connect(Number(port), hostname);
   socket.on('error', () => undefined);
   socket.resume();
   await new Promise((resolve) => socket.once('connect', resolve));
-  socket.write(paths.map((p) => `GET ${p} HTTP/1.1\r\nHost: ${hostname}\r\n\r\n`).join(''));
+  socket.write(text);
   return socket;
 }

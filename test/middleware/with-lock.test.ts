@@ -2,7 +2,6 @@
 // concurrent requests, parallelism across keys, release after errors and client disconnects, auto-extension, lost
 // locks, re-entry, and bad keys.
 import http from 'node:http';
-import net from 'node:net';
 import { PassThrough, pipeline, Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import v8 from 'node:v8';
@@ -14,7 +13,7 @@ import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { startRedisNodes, stopAll, type RedisNode } from '../harness/redis.js';
 import { abortReason, until, within } from '../core/helpers.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { deferred, FRAMEWORKS, framework, get, pipelined, send, type Framework, type Response, type Route, type RunningApp } from './apps.js';
+import { deferred, FRAMEWORKS, framework, get, pipelined, rawRequest, send, type Framework, type Response, type Route, type RunningApp } from './apps.js';
 
 // A forced collection shows that a response nobody can end any more frees its lock (Express).
 v8.setFlagsFromString('--expose-gc');
@@ -389,11 +388,10 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
           },
         },
       });
-      const { hostname, port } = new URL(app.url);
-      const socket = net.connect(Number(port), hostname);
-      socket.on('error', () => undefined);
-      await new Promise((resolve) => socket.once('connect', resolve));
-      socket.write(`GET /slow HTTP/1.1\r\nHost: x\r\n\r\nPOST /buy?order=${order} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc`);
+      const socket = await rawRequest(
+        app.url,
+        `GET /slow HTTP/1.1\r\nHost: x\r\n\r\nPOST /buy?order=${order} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc`,
+      );
       await until(() => lockedInRedis(order), 5_000, 'the lock to be held');
       socket.destroy();
       await within(piped.promise, 5_000, 'the pipe to fail');
@@ -425,11 +423,7 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
           },
         },
       });
-      const { hostname, port } = new URL(app.url);
-      const socket = net.connect(Number(port), hostname);
-      socket.on('error', () => undefined);
-      await new Promise((resolve) => socket.once('connect', resolve));
-      socket.write(`POST /upload?order=${order} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nfirst chunk`);
+      const socket = await rawRequest(app.url, `POST /upload?order=${order} HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nfirst chunk`);
       try {
         await within(rejected.promise, 5_000, 'the upload to be rejected');
         await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed', 20);
