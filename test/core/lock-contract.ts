@@ -305,10 +305,12 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         await expect(pending).rejects.toBe(reason);
         expect(performance.now() - abortedAt).toBeLessThan(200);
 
-        // The abandoned waiter must not stand in the way of the next caller (fair queues hand over to waiters first).
+        // The abandoned waiter must not stand in the way of the next caller (fair queues hand over to waiters first):
+        // not for as long as its place would take to lapse (1.5 s and more). (Once, under a loaded full run, a Redlock
+        // tryAcquire right after the release found the key busy: a second of slack for such a moment.)
         expect(await holder.release()).toBe(true);
-        const next = await other.tryAcquire(key);
-        expect(next).not.toBeNull();
+        let next: Lease | null = null;
+        await until(async () => (next = await other.tryAcquire(key)) !== null, 1_000, 'the next caller to get the lock', 20);
         await next!.release();
       });
 
