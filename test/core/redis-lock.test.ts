@@ -873,9 +873,10 @@ describe('RedisLock when Redis fails', () => {
             await within(Promise.race([proxy.sent('eval'), proxy.sent('evalsha')]), 2_000, 'the extension');
             await new Promise((resolve) => setTimeout(resolve, 400));
             letGo();
-            await until(() => lease.expiresAt > first, 2_000, 'the extension’s reply');
-            // ... and nothing after it gets there: the lease runs out by its own clock, and its release hangs.
+            // ... and nothing after it gets there (held from the same moment, so no later extension slips through): the
+            // lease runs out by its own clock, and its release hangs.
             letGoLater = proxy.holdCommands();
+            await until(() => lease.expiresAt > first, 2_000, 'the extension’s reply');
             await abortReason(lease.signal, 3_000, 'the lease to run out');
           },
           { ttl: 1_000 },

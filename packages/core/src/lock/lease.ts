@@ -247,6 +247,9 @@ export class LeaseImpl implements Lease {
       this.lose(error);
       throw error;
     }
+    // The store's ttl ran from when it got the extension, before this reply: by now it has less than `left` left. (Also
+    // for a lease that ended meanwhile: the store holds the key that long unless the release frees it.)
+    this.storeEnd = Math.max(this.storeEnd, this.store.now() + left);
     if (this.ended) {
       // A release meanwhile ended it: this extension counted, and the release (Redis runs it after) frees the lock.
       if (this.releasing !== undefined || this.released) return;
@@ -256,8 +259,6 @@ export class LeaseImpl implements Lease {
       throw new LockLostError(this.key, `lease on "${this.key}" ended before its extension was confirmed`);
     }
     this.expiry = Math.max(this.expiry, started + left - this.store.drift(left));
-    // The store's ttl ran from when it got the extension, before this reply: by now it has less than `left` left.
-    this.storeEnd = Math.max(this.storeEnd, this.store.now() + left);
     this.armExpiry();
   }
 
