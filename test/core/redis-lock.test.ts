@@ -856,6 +856,34 @@ describe('RedisLock when Redis fails', () => {
     }
   });
 
+  it('sends again the release of a lease that ended while its extension was on its way, while Redis holds the key by it', async () => {
+    const prefix = uniquePrefix('late-extension-release');
+    const options = { maxRetriesPerRequest: 0, autoResendUnfulfilledCommands: false, retryStrategy: () => 100 };
+    const { proxy, locks, close } = await proxied(prefix, options, 2_000);
+    const other = locker({ prefix }).locks;
+    const names = lockNames(prefix, 'k');
+    try {
+      const lease = await locks.acquire('k', { ttl: 1_000 });
+      const letReplies = proxy.holdReplies();
+      const extended = Promise.race([proxy.sent('eval'), proxy.sent('evalsha')]);
+      const extension = lease.extend(20_000).catch(() => undefined);
+      await within(extended, 2_000, 'the extension to go out');
+      await abortReason(lease.signal, 3_000, 'the lease to run out');
+      // The extension's reply comes after the lease ended; the release it sets off is lost with the connection.
+      proxy.cutWhenSent(names.lock);
+      letReplies();
+      await extension;
+      // Sent again once the client is back, though the lease's own end has passed: Redis holds the key for 20 s.
+      await until(async () => {
+        const next = await other.tryAcquire('k');
+        await next?.release();
+        return next !== null;
+      }, 3_000, 'the key to be free', 50);
+    } finally {
+      await close();
+    }
+  });
+
   it('settles using() only once the key is free when a lost lease’s last extension reached Redis late', async () => {
     const prefix = uniquePrefix('using-late-extension');
     const { proxy, locks, close } = await proxied(prefix);

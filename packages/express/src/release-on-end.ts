@@ -24,7 +24,7 @@ type Tracked = ServerResponse & {
   [GIVEN_UP]?: boolean;
 };
 
-type Request = { socket?: { destroyed?: boolean } | null; destroy(...args: unknown[]): unknown };
+type Request = { socket?: { destroyed?: boolean } | null; readableEnded?: boolean; destroy(...args: unknown[]): unknown };
 
 // Holds only the list of locks, never the response: a registered response stays collectable. (A release after the end
 // does nothing: HeldLock.release acts once.)
@@ -58,7 +58,8 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
   if (req !== undefined && typeof req.destroy === 'function') {
     const destroyRequest = req.destroy;
     req.destroy = function destroyRequestHere(this: Request, ...args: unknown[]): unknown {
-      if (this.socket != null && this.socket.destroyed !== true) r[GIVEN_UP] = true;
+      // Not the destroy a request's stream makes of itself once its body has been read to the end (autoDestroy).
+      if (this.socket != null && this.socket.destroyed !== true && this.readableEnded !== true) r[GIVEN_UP] = true;
       return destroyRequest.apply(this, args);
     };
   }

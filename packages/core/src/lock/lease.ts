@@ -254,7 +254,9 @@ export class LeaseImpl implements Lease {
       // A release meanwhile ended it: this extension counted, and the release (Redis runs it after) frees the lock.
       if (this.releasing !== undefined || this.released) return;
       // It reached its end while the extension was on its way, and its holder has been told it is lost: Redis's new
-      // ttl serves nobody, so hand the lock back rather than leave the key held for it.
+      // ttl serves nobody, so hand the lock back rather than leave the key held for it (and send it again while Redis
+      // may hold it, should it fail: see retryRelease).
+      if (this.storeEnd > this.confirmedUntil) this.confirmedUntil = this.storeEnd;
       this.release().catch(() => undefined);
       throw new LockLostError(this.key, `lease on "${this.key}" ended before its extension was confirmed`);
     }
