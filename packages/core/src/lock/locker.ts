@@ -157,8 +157,8 @@ export abstract class BaseLocker implements Locker {
         },
       );
       // Awaited, so that the lock is free when `using` settles; for a lease lost meanwhile, only for as long as the
-      // store may still hold its key (its end plus the drift allowance: 300 ms at the default ttl): past that the ttl
-      // has freed it, and waiting on the release (up to `timeout` with Redis frozen) would only hold fn's outcome back.
+      // store may still hold its key by what it answered (LeaseImpl.storeMayHoldFor): past that the ttl has freed it,
+      // and waiting on the release (up to `timeout` with Redis frozen) would only hold fn's outcome back.
       if (!lost) await released;
       else await settledWithin(released, lease.storeMayHoldFor());
     }

@@ -4,33 +4,47 @@
 // call stops watching: Node keeps a composite or timeout signal (AbortSignal.any, AbortSignal.timeout) alive for as
 // long as it has an 'abort' listener.
 
+/** Calls `onAbort` once when `signal` aborts, unless the returned function is called first. */
+export const watchAbort: (signal: AbortSignal, onAbort: () => void) => () => void = sharedWatcher<AbortSignal>(
+  (signal, listener) => signal.addEventListener('abort', listener, { once: true }),
+  (signal, listener) => signal.removeEventListener('abort', listener),
+);
+
 interface Watch {
   readonly callbacks: Set<() => void>;
   readonly listener: () => void;
 }
 
-const watches = new WeakMap<AbortSignal, Watch>();
-
-/** Calls `onAbort` once when `signal` aborts, unless the returned function is called first. */
-export function watchAbort(signal: AbortSignal, onAbort: () => void): () => void {
-  let watch = watches.get(signal);
-  if (watch === undefined) {
-    const callbacks = new Set<() => void>();
-    const listener = () => {
-      watches.delete(signal);
-      for (const callback of callbacks) callback();
-      callbacks.clear();
+/**
+ * A watcher of one event that fires once on a kind of source (a signal's abort, a connection's close), giving each
+ * source one listener however many callers watch it (`add` and `remove` attach and detach it); the listener goes when
+ * the last caller stops watching. Returns what starts watching a source, which returns what stops.
+ */
+export function sharedWatcher<T extends object>(
+  add: (source: T, listener: () => void) => void,
+  remove: (source: T, listener: () => void) => void,
+): (source: T, callback: () => void) => () => void {
+  const watches = new WeakMap<T, Watch>();
+  return (source, callback) => {
+    let watch = watches.get(source);
+    if (watch === undefined) {
+      const callbacks = new Set<() => void>();
+      const listener = () => {
+        watches.delete(source);
+        for (const c of callbacks) c();
+        callbacks.clear();
+      };
+      watch = { callbacks, listener };
+      watches.set(source, watch);
+      add(source, listener);
+    }
+    const { callbacks, listener } = watch;
+    callbacks.add(callback);
+    return () => {
+      if (!callbacks.delete(callback) || callbacks.size > 0) return;
+      remove(source, listener);
+      if (watches.get(source)?.listener === listener) watches.delete(source);
     };
-    watch = { callbacks, listener };
-    watches.set(signal, watch);
-    signal.addEventListener('abort', listener, { once: true });
-  }
-  const { callbacks, listener } = watch;
-  callbacks.add(onAbort);
-  return () => {
-    if (!callbacks.delete(onAbort) || callbacks.size > 0) return;
-    signal.removeEventListener('abort', listener);
-    if (watches.get(signal)?.listener === listener) watches.delete(signal);
   };
 }
 

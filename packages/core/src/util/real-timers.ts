@@ -49,11 +49,10 @@ export const realNextTick: <A extends unknown[]>(fn: (...args: A) => void, ...ar
   : (loadedNextTick.bind(process) as <A extends unknown[]>(fn: (...args: A) => void, ...args: A) => void);
 
 /**
- * The real `performance.now`, to call on {@link nodePerformance}: from the prototype of perf_hooks' own instance, since
- * fakes replace the global `performance` object (or its own `now`).
+ * The real `performance.now`, a method of perf_hooks' `performance`: taken from its prototype, since fakes replace the
+ * global `performance` object (or its own `now`).
  */
 export const PERF_NOW = (Object.getPrototypeOf(nodePerformance) as { now: () => number }).now;
-export { nodePerformance };
 
 /** The real `performance.now()`. */
 export function realPerfNow(): number {
