@@ -7,6 +7,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { MemoryLock, RedisLock, Redlock, type Lease } from '@hasp/core';
+import compression from 'compression';
 import type { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
@@ -484,6 +485,47 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       for (const order of [outer, inner]) {
         await until(async () => !(await lockedInRedis(order)), 2_000, `the lock of ${order} to be freed`, 20);
       }
+    });
+
+    // compression() puts its own end() over withLock's and, once the client has gone, never calls the one under it
+    // (its zlib stream waits for a drain that cannot come): the handler's end() must free the lock all the same.
+    it('frees the lock when the handler ends a response whose end() a later middleware wrapped (compression), also after its client left', async () => {
+      const kept: unknown[] = []; // keeps the responses reachable: a collection must not be what frees the lock
+      const started = deferred();
+      const ended = deferred();
+      const app = await start({
+        routes: {
+          '/events': {
+            use: [fw.withLock(orderKey, { redis, ttl: 1_000 }), compression({ threshold: 0 })],
+            express: (req, res) => {
+              kept.push(res);
+              if (req.query.then === 'answer') return res.type('text').end('ok');
+              res.setHeader('content-type', 'text/event-stream');
+              res.write('data: 0\n\n');
+              (res as { flush(): void }).flush();
+              started.resolve();
+              req.on('close', () => {
+                res.end();
+                ended.resolve();
+              });
+            },
+          },
+        },
+      });
+      const answered = freshOrder('compressed');
+      const plain = await get(`${app.url}/events?order=${answered}&then=answer`, { headers: { 'accept-encoding': 'gzip' } });
+      expect([plain.status, plain.headers['content-encoding']]).toEqual([200, 'gzip']);
+      await until(async () => !(await lockedInRedis(answered)), 2_000, 'the lock of the answered request to be freed', 20);
+      const order = freshOrder('compressed-left');
+      const pending = send(`${app.url}/events?order=${order}`, { headers: { 'accept-encoding': 'gzip' } });
+      await within(started.promise, 5_000, 'the handler to start streaming');
+      expect(await lockedInRedis(order)).toBe(true);
+      pending.abort();
+      await within(ended.promise, 5_000, 'the handler to end the response of the client that left');
+      // Well within the 1 s ttl that auto-extension would otherwise renew until the response is collected.
+      await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed by the handler\'s end()', 20);
+      expect((await get(`${app.url}/events?order=${order}&then=answer`)).status).toBe(200);
+      expect(kept.length).toBe(3);
     });
 
     it('frees the lock at once when the server destroys a pipelined response before its turn came', async () => {

@@ -8,6 +8,9 @@
 // client's CONNECT, which Node answers by destroying the socket as this process would), and in each case its handler
 // may still be running and end it, which works on a closed connection. A handler that gives up without ending it frees
 // the locks when the response object is garbage-collected: nothing can end it any more.
+// A middleware after withLock may put its own end() over the wrapped one and call it only later, or never once the
+// client has gone (compression() waits for its zlib stream to drain): so every end() set on the response afterwards
+// is wrapped as well, and whichever one the handler calls releases.
 import type { HeldLock } from '@hasp/core/http';
 import type { ServerResponse } from 'node:http';
 
@@ -15,6 +18,10 @@ const HELD = Symbol('hasp.heldLocks');
 const END = Symbol('hasp.originalEnd');
 const DESTROY = Symbol('hasp.originalDestroy');
 const GIVEN_UP = Symbol('hasp.givenUp');
+/** The end() a later middleware set on the response, wrapped (see setEnd). */
+const OUTER_END = Symbol('hasp.outerEnd');
+/** Marks the wrappers setEnd makes. */
+const RELEASES = Symbol('hasp.releases');
 
 type Tracked = ServerResponse & {
   [HELD]?: HeldLock[] | undefined;
@@ -22,7 +29,10 @@ type Tracked = ServerResponse & {
   [DESTROY]?: ServerResponse['destroy'];
   /** This process destroyed the request while its connection was open (a rejected upload). */
   [GIVEN_UP]?: boolean;
+  [OUTER_END]?: ServerResponse['end'] | undefined;
 };
+
+type End = ((...args: unknown[]) => unknown) & { [RELEASES]?: true };
 
 type Request = { socket?: { destroyed?: boolean } | null; readableEnded?: boolean; destroy(...args: unknown[]): unknown };
 
@@ -48,7 +58,7 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
   const list = [held];
   r[HELD] = list;
   r[END] = r.end;
-  r.end = endAndRelease as ServerResponse['end'];
+  Object.defineProperty(r, 'end', END_PROPERTY);
   r[DESTROY] = r.destroy;
   r.destroy = destroyAndRelease as ServerResponse['destroy'];
   // A handler that rejects an upload destroys the request, which destroys the connection at once, and then the
@@ -82,6 +92,34 @@ function releaseHeld(r: Tracked): void {
   if (list === undefined) return;
   r[HELD] = undefined;
   releaseAll(list);
+}
+
+// Shared by every wrapped response: the state is on the response, so wrapping one makes no closures.
+const END_PROPERTY: PropertyDescriptor = { get: getEnd, set: setEnd, enumerable: true, configurable: true };
+
+function getEnd(this: Tracked): unknown {
+  return this[OUTER_END] ?? endAndRelease;
+}
+
+function setEnd(this: Tracked, end: unknown): void {
+  if (typeof end !== 'function' || end === endAndRelease) {
+    // Put back (a middleware undoing its wrap), or not a function at all: served as it was set.
+    this[OUTER_END] = end === endAndRelease ? undefined : (end as ServerResponse['end']);
+    return;
+  }
+  const f = end as End;
+  if (f[RELEASES] === true) {
+    this[OUTER_END] = f as unknown as ServerResponse['end'];
+    return;
+  }
+  // Calls the later middleware's end() itself, not the one before it: that one it called already, or calls when it
+  // is ready (it got it from this getter before setting its own).
+  const wrapped: End = function endOuterAndRelease(this: Tracked, ...args: unknown[]): unknown {
+    releaseHeld(this);
+    return f.apply(this, args);
+  };
+  wrapped[RELEASES] = true;
+  this[OUTER_END] = wrapped as unknown as ServerResponse['end'];
 }
 
 function endAndRelease(this: Tracked, ...args: unknown[]): unknown {

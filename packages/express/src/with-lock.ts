@@ -15,7 +15,7 @@ import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, Reque
  * client that disconnects, a socket timeout, or a connection closed under the response (Express answering an error
  * after the headers were sent, `closeAllConnections()`, a client's `CONNECT`) does not: the handler still holds the
  * lock until it ends the response (`res.end()` works on a closed connection, so handlers that always
- * answer need nothing special). A handler that gives up on a gone client without ending the response frees the lock
+ * answer need nothing special, also behind a later middleware that wraps `res.end()`, such as `compression()`). A handler that gives up on a gone client without ending the response frees the lock
  * when the response object is garbage-collected, which an idle Node process does within seconds and a busy one may not
  * do for minutes; end the response to free it at once. If `req.lock.signal` aborts (the lock was
  * lost), stop changing the protected resource. With `wait`, a client that disconnects while its request waits for the
