@@ -4,6 +4,7 @@ import type { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
 import { RedisLock, TokenBucket, type LockErrorEvent } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
+import { startRedis } from '../harness/redis.js';
 import { privateRedis, uniquePrefix, until, within } from './helpers.js';
 
 const server = privateRedis();
@@ -23,6 +24,7 @@ async function handOver(
   prefix: string,
   key: string,
   subscribes: boolean,
+  admin: Redis = server.admin,
 ): Promise<{ released: boolean; subscribed: number; errors: LockErrorEvent[] }> {
   const errors: LockErrorEvent[] = [];
   const holder = new RedisLock(clients[0], { prefix, onError: (e) => errors.push(e) });
@@ -31,8 +33,8 @@ async function handOver(
     const held = await holder.acquire(key);
     const waiting = waiter.acquire(key, { wait: 10_000 });
     const names = lockNames(prefix, key);
-    await until(async () => (await server.admin.zcard(names.queue)) === 1, 3_000, 'the waiter to queue in Redis');
-    const numsub = async (): Promise<number> => Number(((await server.admin.pubsub('NUMSUB', names.channel)) as (string | number)[])[1]);
+    await until(async () => (await admin.zcard(names.queue)) === 1, 3_000, 'the waiter to queue in Redis');
+    const numsub = async (): Promise<number> => Number(((await admin.pubsub('NUMSUB', names.channel)) as (string | number)[])[1]);
     // Its SUBSCRIBE follows its first refusal: confirmed when the rules allow it (refused at once otherwise).
     if (subscribes) await until(async () => (await numsub()) === 1, 3_000, 'the waiter to subscribe');
     const subscribed = await numsub();
@@ -63,6 +65,43 @@ describe('hasp under Redis ACLs', () => {
     await bucket.reset(key);
     expect(await takes(1)).toEqual([true]);
     for (const c of clients) c.disconnect();
+  });
+
+  // A connection's first call of a script goes as EVAL, later ones as EVALSHA: without EVALSHA, an acquire worked and
+  // its release was refused (the lock stayed for its ttl), and every other call failed or not by chance.
+  it('runs every call as EVAL for a server that refuses EVALSHA (an ACL user without it, or the command renamed away)', async () => {
+    const renamed = await startRedis({ args: ['--rename-command', 'EVALSHA', '""'] });
+    const noEvalsha = [...DOCUMENTED, '-evalsha'];
+    const renamedAdmin = renamed.client();
+    const setups: [string, () => Promise<Redis>, Redis][] = [
+      ['an ACL user without EVALSHA', () => userClient('noevalsha', noEvalsha), server.admin],
+      ['EVALSHA renamed away', async () => renamed.client(), renamedAdmin],
+    ];
+    try {
+      for (const [setup, connect, admin] of setups) {
+        const clients: [Redis, Redis] = [await connect(), await connect()];
+        const key = `acl-${uniquePrefix('noevalsha')}`;
+        const errors: LockErrorEvent[] = [];
+        const locks = new RedisLock(clients[0], { onError: (e) => errors.push(e) });
+        const bucket = new TokenBucket({ capacity: 3, rate: '3/min', redis: clients[0] });
+        try {
+          const outcomes: unknown[] = [];
+          for (let i = 0; i < 3; i++) {
+            const lease = await locks.acquire(key);
+            outcomes.push(await lease.release(), (await bucket.take(key)).allowed);
+          }
+          expect({ setup, outcomes, errors }).toEqual({ setup, outcomes: [true, true, true, true, true, true], errors: [] });
+          expect((await bucket.take(key)).allowed).toBe(false);
+          // A hand-over between two clients, with a waiter queued in Redis and woken by its message, works too.
+          expect(await handOver(clients, 'hasp:lock:', `${key}-h`, true, admin)).toEqual({ released: true, subscribed: 1, errors: [] });
+        } finally {
+          locks.close();
+          for (const c of clients) c.disconnect();
+        }
+      }
+    } finally {
+      await renamed.stop();
+    }
   });
 
   it('frees a lock whose waiter cannot subscribe (no channel permissions): release resolves, the waiter polls in', async () => {

@@ -22,6 +22,8 @@ import { hashSlot } from './keys.js';
 // went to the others as EVALSHA, met NOSCRIPT, and came back as EVAL after the calls made meanwhile: a waiter's attempt
 // could land after its own LEAVE and put it back in the line.
 const known = new WeakMap<object, Set<string>>();
+/** Clients whose server refused EVALSHA itself (renamed away, or an ACL user without it): every call goes as EVAL. */
+const evalOnly = new WeakSet<object>();
 const knownOnNodes = new WeakMap<object, Map<string, Set<string>>>();
 
 /** The one connection a call on `keys` goes to, as far as script loading goes; undefined for a Cluster's keyed calls. */
@@ -129,6 +131,7 @@ export class Script {
    * EVALSHA and fall back to EVAL once if the server lost the script (SCRIPT FLUSH, failover).
    */
   send(client: RedisClient, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
+    if (evalOnly.has(client)) return client.eval(this.source, keys.length, ...keys, ...args);
     const scripts = knownFor(client, keys);
     if (!scripts.has(this.sha)) {
       // Marked at once: our later calls go out after this one on the same connection, so the server knows it by then.
@@ -145,6 +148,12 @@ export class Script {
     // Spread, not passed as arrays: ioredis flattens every command's arguments, and flattening nested arrays made its
     // Command constructor about 30% slower (1.3 against 1.0 µs here), more than the spread costs.
     return client.evalsha(this.sha, keys.length, ...keys, ...args).catch((error: unknown) => {
+      if (isEvalshaRefused(error)) {
+        // Refused before anything ran, so EVAL does it now; and every later call too, instead of working on a
+        // connection's first call of a script only (an acquire that went out as EVAL, and its release refused).
+        evalOnly.add(client);
+        return client.eval(this.source, keys.length, ...keys, ...args);
+      }
       if (!isNoScript(error)) throw error;
       // The server lost its scripts (SCRIPT FLUSH): not this one only. The next call of each other script goes as EVAL
       // too, instead of meeting NOSCRIPT and coming back for a second trip that a command sent meanwhile overtakes.
@@ -157,6 +166,11 @@ export class Script {
 
 function isNoScript(error: unknown): boolean {
   return error instanceof Error && error.message.startsWith('NOSCRIPT');
+}
+
+/** `ERR unknown command 'evalsha'…` (rename-command) or `NOPERM … 'evalsha' command…` (ACL). */
+function isEvalshaRefused(error: unknown): boolean {
+  return error instanceof Error && /^(ERR unknown command|NOPERM)\b[^\n]*\bevalsha\b/i.test(error.message);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
