@@ -9,17 +9,17 @@ const accounts = new Map<string, { balance: number; fence: number }>();
 const db = {
   async query(_sql: string, [balance, fence, id]: [number, number, string]): Promise<{ rowCount: number }> {
     const row = accounts.get(id) ?? { balance: 0, fence: 0 };
-    if (!(row.fence < fence)) return { rowCount: 0 };
+    if (!(row.fence <= fence)) return { rowCount: 0 };
     accounts.set(id, { balance, fence });
     return { rowCount: 1 };
   },
 };
-const sql = 'UPDATE accounts SET balance = $1, fence = $2 WHERE id = $3 AND fence < $2';
+const sql = 'UPDATE accounts SET balance = $1, fence = $2 WHERE id = $3 AND fence <= $2';
 const id = 'acct-1';
 const balance = 100;
 // #region readme
 await locks.using(`account:${id}`, async (lease) => {
-  // UPDATE accounts SET balance = $1, fence = $2 WHERE id = $3 AND fence < $2
+  // UPDATE accounts SET balance = $1, fence = $2 WHERE id = $3 AND fence <= $2
   await db.query(sql, [balance, lease.fence, id]);
 });
 // #endregion readme
@@ -31,6 +31,8 @@ assert.equal(first.balance, 100);
 await locks.using(`account:${id}`, async (lease) => {
   assert.ok(lease.fence > first.fence);
   assert.equal((await db.query(sql, [200, lease.fence, id])).rowCount, 1);
+  // A second write of the same lease carries the same fence, and goes through.
+  assert.equal((await db.query(sql, [250, lease.fence, id])).rowCount, 1);
 });
 assert.equal((await db.query(sql, [300, first.fence, id])).rowCount, 0);
 await redis.quit();
