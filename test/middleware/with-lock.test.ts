@@ -528,6 +528,56 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       expect(kept.length).toBe(3);
     });
 
+    // A later middleware's end() may do work of its own before the end under it (express-session saves the session):
+    // the lock still covers that work while the client is there. And it may be bound, and called detached.
+    it('keeps the lock through the work a later middleware does in its end() before the end under it; a bound end() called detached works', async () => {
+      const saving = deferred();
+      const save = deferred();
+      const app = await start({
+        routes: {
+          '/save': {
+            use: [
+              fw.withLock(orderKey, { redis }),
+              (_req: unknown, res: { end(...a: unknown[]): unknown }, next: () => void) => {
+                const end = res.end;
+                res.end = function endAfterSaving(this: unknown, ...args: unknown[]) {
+                  saving.resolve();
+                  void save.promise.then(() => end.apply(this, args));
+                  return this;
+                };
+                next();
+              },
+            ],
+            express: (_req, res) => res.end('saved'),
+          },
+          '/detached': {
+            use: [
+              fw.withLock(orderKey, { redis }),
+              (_req: unknown, res: { end(...a: unknown[]): unknown }, next: () => void) => {
+                res.end = res.end.bind(res);
+                next();
+              },
+            ],
+            express: (_req, res) => {
+              void Promise.resolve('done').then(res.end);
+            },
+          },
+        },
+      });
+      const order = freshOrder('saving');
+      const first = get(`${app.url}/save?order=${order}`);
+      await within(saving.promise, 5_000, 'the handler to end the response');
+      expect(await lockedInRedis(order)).toBe(true);
+      expect((await get(`${app.url}/detached?order=${order}`)).status).toBe(423);
+      save.resolve();
+      expect((await first).body).toBe('saved');
+      await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed after the save', 20);
+      const detached = await get(`${app.url}/detached?order=${order}`);
+      expect([detached.status, detached.body]).toEqual([200, 'done']);
+      await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock of the detached end() to be freed', 20);
+      expect(unhandled.reasons).toEqual([]);
+    });
+
     it('frees the lock at once when the server destroys a pipelined response before its turn came', async () => {
       const kept: unknown[] = []; // keeps every response reachable: only the close may free the lock, not a collection
       const [first, second] = [freshOrder('pipe-ahead'), freshOrder('pipe-destroyed')];

@@ -8,9 +8,11 @@
 // client's CONNECT, which Node answers by destroying the socket as this process would), and in each case its handler
 // may still be running and end it, which works on a closed connection. A handler that gives up without ending it frees
 // the locks when the response object is garbage-collected: nothing can end it any more.
-// A middleware after withLock may put its own end() over the wrapped one and call it only later, or never once the
-// client has gone (compression() waits for its zlib stream to drain): so every end() set on the response afterwards
-// is wrapped as well, and whichever one the handler calls releases.
+// A middleware after withLock may put its own end() over the wrapped one and call the one under it only later: after
+// work of its own that the lock still covers (express-session saves the session first), or, once the client has gone,
+// never (compression() waits for its zlib stream to drain). So every end() set on the response afterwards is wrapped
+// as well, to note that the handler asked for the end: the locks then go with the end under it, or at once if the
+// response is closed (by then, or when it closes), since on a closed response that end may never come.
 import type { HeldLock } from '@hasp/core/http';
 import type { ServerResponse } from 'node:http';
 
@@ -22,6 +24,10 @@ const GIVEN_UP = Symbol('hasp.givenUp');
 const OUTER_END = Symbol('hasp.outerEnd');
 /** Marks the wrappers setEnd makes. */
 const RELEASES = Symbol('hasp.releases');
+/** An end() set by a later middleware was called. */
+const END_ASKED = Symbol('hasp.endAsked');
+/** The response closed (its 'close' event came). */
+const CLOSED = Symbol('hasp.closed');
 
 type Tracked = ServerResponse & {
   [HELD]?: HeldLock[] | undefined;
@@ -30,6 +36,8 @@ type Tracked = ServerResponse & {
   /** This process destroyed the request while its connection was open (a rejected upload). */
   [GIVEN_UP]?: boolean;
   [OUTER_END]?: ServerResponse['end'] | undefined;
+  [END_ASKED]?: boolean;
+  [CLOSED]?: boolean;
 };
 
 type End = ((...args: unknown[]) => unknown) & { [RELEASES]?: true };
@@ -82,6 +90,8 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
 
 /** On 'close': nothing to do after the end; otherwise the locks go once the response is collected. */
 function closedUnended(this: Tracked): void {
+  this[CLOSED] = true;
+  if (this[END_ASKED] === true) releaseHeld(this);
   const list = this[HELD];
   if (list !== undefined) abandoned.register(this, list);
 }
@@ -112,14 +122,22 @@ function setEnd(this: Tracked, end: unknown): void {
     this[OUTER_END] = f as unknown as ServerResponse['end'];
     return;
   }
-  // Calls the later middleware's end() itself, not the one before it: that one it called already, or calls when it
-  // is ready (it got it from this getter before setting its own).
-  const wrapped: End = function endOuterAndRelease(this: Tracked, ...args: unknown[]): unknown {
-    releaseHeld(this);
-    return f.apply(this, args);
-  };
+  const wrapped = askingEnd(this, f);
   wrapped[RELEASES] = true;
   this[OUTER_END] = wrapped as unknown as ServerResponse['end'];
+}
+
+/**
+ * Calls the later middleware's end() itself, not the one before it: that one it calls when it is ready (it got it from
+ * the getter before setting its own). Releases `res`, the response it was set on, not `this`: a middleware may have
+ * bound its end() (`res.end.bind(res)`), and the handler call it detached.
+ */
+function askingEnd(res: Tracked, f: End): End {
+  return function endAsked(this: unknown, ...args: unknown[]): unknown {
+    res[END_ASKED] = true;
+    if (res[CLOSED] === true || res.destroyed || (res as { req?: Request }).req?.socket?.destroyed === true) releaseHeld(res);
+    return f.apply(this, args);
+  };
 }
 
 function endAndRelease(this: Tracked, ...args: unknown[]): unknown {
