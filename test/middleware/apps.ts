@@ -51,8 +51,9 @@ export interface AppSpec {
   /** Express `trust proxy` / Koa `app.proxy`. */
   trustProxy?: boolean;
   /** `'json'` (default): an error handler that answers `{ code, message }` with err.status and err.headers;
-   * `'default'`: the framework's own (Express's finalhandler, Koa's ctx.onerror). */
-  errors?: 'json' | 'default';
+   * `'default'`: the framework's own (Express's finalhandler, Koa's ctx.onerror); `'page'`: one that answers
+   * err.status with a text page and sends none of err.headers (as most HTML error pages do). */
+  errors?: 'json' | 'default' | 'page';
   /** Address to listen on (default 127.0.0.1). */
   host?: string;
 }
@@ -150,6 +151,7 @@ function expressFramework(name: 'express4' | 'express5', express: Any): Framewor
       app.use((err: Any, _req: Any, res: Any, next: (e: unknown) => void) => {
         errors.push(seen(err));
         if (spec.errors === 'default' || res.headersSent) return next(err);
+        if (spec.errors === 'page') return res.status(err?.status ?? 500).type('text').send('Sorry');
         res.status(err?.status ?? 500);
         if (err?.headers) res.set(err.headers);
         res.json({ code: err?.code, message: err?.expose ? err.message : 'Internal Server Error' });
@@ -205,6 +207,10 @@ function koaFramework(name: 'koa2' | 'koa3', Koa: Any): Framework {
           } catch (err: Any) {
             errors.push(seen(err));
             ctx.status = err?.status ?? 500;
+            if (spec.errors === 'page') {
+              ctx.body = 'Sorry';
+              return;
+            }
             if (err?.headers) ctx.set(err.headers);
             ctx.body = { code: err?.code, message: err?.expose ? err.message : 'Internal Server Error' };
           }

@@ -161,6 +161,34 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     });
   }
 
+  // Most error pages send none of err.headers: the 423's Retry-After is on the response already, as a 429's is.
+  it('answers a busy lock with Retry-After also through an error page that sends none of err.headers', async () => {
+    const order = freshOrder('page');
+    const inside = deferred();
+    const leave = deferred();
+    const app = await start({
+      errors: 'page',
+      routes: {
+        '/buy': {
+          use: [fw.withLock(orderKey, { redis, ttl: 20_000 })],
+          handle: async () => {
+            inside.resolve();
+            await leave.promise;
+            return undefined;
+          },
+        },
+      },
+    });
+    const first = get(`${app.url}/buy?order=${order}`);
+    await within(inside.promise, 5_000, 'the first purchase to hold the lock');
+    const busy = await get(`${app.url}/buy?order=${order}`);
+    leave.resolve();
+    expect([busy.status, busy.body]).toEqual([423, 'Sorry']);
+    const s = Number(busy.headers['retry-after']);
+    expect(Number.isInteger(s) && s >= 1 && s <= 20, `Retry-After ${busy.headers['retry-after']}`).toBe(true);
+    expect((await first).status).toBe(200);
+  });
+
   it('runs different orders in parallel', async () => {
     let inside = 0;
     let maxInside = 0;

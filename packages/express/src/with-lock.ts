@@ -1,5 +1,5 @@
 // withLock() for Express: holds a per-key lock while the request is handled, released when the response is ended.
-import { giveBackTakes, LockGuard, type HeldLock } from '@hasp/core/http';
+import { giveBackTakes, lendRetryAfter, LockGuard, type HeldLock } from '@hasp/core/http';
 import type { NextFunction, Request, Response } from 'express';
 import { releaseOnEnd } from './release-on-end.js';
 import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, RequestKey, WithLockOptions } from './types.js';
@@ -50,6 +50,7 @@ export function withLock<
     } catch (error) {
       // Refused (busy, unavailable, a bad key, the client gone): the request costs nothing in the rate limits before.
       await giveBackTakes(res.locals);
+      lendRetryAfter(res, error);
       next(error);
       return;
     }

@@ -1,6 +1,7 @@
 // The http-errors the middleware hands to the app's error handling: 429, 423, 503, and the 500 for a bad key or cost.
 import createError, { type HttpError } from 'http-errors';
 import type { Decision } from '../types.js';
+import { RETRY_AFTER_FIELD } from './fields.js';
 
 /** Codes carried by the HTTP errors of the middleware (`err.code`). */
 export type HttpErrorCode =
@@ -109,4 +110,13 @@ export function invalidInputError(code: 'INVALID_KEY' | 'INVALID_COST', message:
     code,
     ...(cause === undefined ? {} : { cause }),
   }) as MiddlewareHttpError;
+}
+
+/**
+ * Puts the error's `Retry-After` on the response too, as a 429's is: an error page that sends none of `err.headers`
+ * (most render HTML, and NestJS's exception layer) still tells the client when to come back.
+ */
+export function lendRetryAfter(res: { readonly headersSent?: boolean; setHeader(name: string, value: string): unknown }, error: unknown): void {
+  const value = (error as { headers?: Record<string, unknown> } | null)?.headers?.[RETRY_AFTER_FIELD];
+  if (typeof value === 'string' && res.headersSent !== true) res.setHeader(RETRY_AFTER_FIELD, value);
 }

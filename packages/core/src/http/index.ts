@@ -5,6 +5,7 @@ export { clientIpKey, parseIPv6, UNKNOWN_CLIENT } from './client-ip.js';
 export {
   clientClosedError,
   invalidInputError,
+  lendRetryAfter,
   lockBusyError,
   lockUnavailableError,
   rateLimitedError,
