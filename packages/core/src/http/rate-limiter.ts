@@ -3,7 +3,7 @@
 import { assertClient } from '../lock/redis-lock.js';
 import { parseRate } from '../rate-limit/rate.js';
 import { RedisBucketStore, Taken, type BucketStore, type TakeHome } from '../rate-limit/bucket-store.js';
-import { storeOf, TokenBucket } from '../rate-limit/token-bucket.js';
+import { isForeignBucket, storeOf, TokenBucket } from '../rate-limit/token-bucket.js';
 import { encodePrefixPart } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
 import * as v from '../util/validate.js';
@@ -221,6 +221,7 @@ export class RateLimiter<Arg, H = never> {
     this.headers = resolved.headers;
     this.handler = resolved.handler;
     this.store = storeOf(this.bucket);
+    if (this.store === undefined) warnIfForeignBucket(this.bucket);
     const store = this.store;
     this.guard = storeGuard(this.bucket, store instanceof RedisBucketStore ? (key) => store.name(key) : undefined);
     if (resolved.onStoreState !== undefined) this.guard?.listen(resolved.onStoreState);
@@ -327,6 +328,22 @@ export class RateLimiter<Arg, H = never> {
         return this.failed(home, rateLimitUnavailableError(guard.retryAfter(key), cause ?? new Error('rate-limit store is down')));
     }
   }
+}
+
+let warnedForeign = false;
+
+/**
+ * Warns once per process when a limiter gets a TokenBucket made by the other build of @hasp/core than its own (the app
+ * loads both the ESM and the CommonJS build): such a bucket works, but what it took for a request that a later limiter
+ * refuses cannot be given back, and on a Cluster it shares one circuit for all masters.
+ */
+function warnIfForeignBucket(bucket: object): void {
+  if (warnedForeign || !isForeignBucket(bucket)) return;
+  warnedForeign = true;
+  process.emitWarning(
+    'hasp: a rate limiter got a TokenBucket made by the other build of @hasp/core (this process loads both its ESM and its CommonJS build): tokens it took for requests a later limiter refuses are not given back. Load @hasp/core the way the middleware does (both import, or both require)',
+    { code: 'HASP_DUAL_PACKAGE' },
+  );
 }
 
 function checkBucket(value: unknown): BucketLike {
