@@ -11,17 +11,18 @@ import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, Reque
  * handler, also for Express 5's rejected async handlers), then released once, before the response is sent.
  *
  * A response destroyed by code of this process (`res.destroy()`, a failed `pipeline` into it) while its connection is
- * open frees the lock at once. A
- * client that disconnects, a socket timeout, or a connection closed under the response (Express answering an error
- * after the headers were sent, `closeAllConnections()`, a client's `CONNECT`) does not: the handler still holds the
- * lock until it ends the response (`res.end()` works on a closed connection, so handlers that always
- * answer need nothing special, also behind a later middleware that wraps `res.end()`, such as `compression()`). A handler that gives up on a gone client without ending the response frees the lock
- * when the response object is garbage-collected, which an idle Node process does within seconds and a busy one may not
- * do for minutes; end the response to free it at once. If `req.lock.signal` aborts (the lock was
- * lost), stop changing the protected resource. With `wait`, a client that disconnects while its request waits for the
- * lock stops the wait (a 499, code `CLIENT_CLOSED_REQUEST`, goes to `next(err)`). Express 4 ignores rejected promises:
- * there, an async handler must pass its errors to `next` itself, or the rejection is unhandled (by Node's default the
- * process ends, and a Redis lock stays until its ttl) and its response is never ended.
+ * open frees the lock at once. A client that disconnects, a socket timeout, or a connection closed under the response
+ * (Express answering an error after the headers were sent, `closeAllConnections()`, a client's `CONNECT`) does not: the
+ * handler still holds the lock until it ends the response (`res.end()` works on a closed connection, so handlers that
+ * always answer need nothing special, also behind a later middleware that wraps `res.end()`, such as `compression()`).
+ * A handler that gives up on a gone client without ending the response frees the lock when the response object is
+ * garbage-collected, which an idle Node process does within seconds to tens of seconds and a busy one may not do for
+ * minutes; end the response to free it at once. A middleware that answers while the handler still runs (a timeout
+ * middleware) ends the lock with its answer. If `req.lock.signal` aborts (the lock was lost, or released so), stop
+ * changing the protected resource. With `wait`, a client that disconnects while its request waits for the lock stops
+ * the wait (a 499, code `CLIENT_CLOSED_REQUEST`, goes to `next(err)`). Express 4 ignores rejected promises: there, an
+ * async handler must pass its errors to `next` itself, or the rejection is unhandled (by Node's default the process
+ * ends, and a Redis lock stays until its ttl) and its response is never ended.
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts
