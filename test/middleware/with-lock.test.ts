@@ -1,6 +1,7 @@
 // withLock() over real HTTP against real Redis, for Express 4, Express 5, Koa 2 and Koa 3: mutual exclusion under 50
 // concurrent requests, parallelism across keys, release after errors and client disconnects, auto-extension, lost
 // locks, re-entry, and bad keys.
+import { randomBytes } from 'node:crypto';
 import http from 'node:http';
 import { PassThrough, pipeline, Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
@@ -554,6 +555,41 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed by the handler\'s end()', 20);
       expect((await get(`${app.url}/events?order=${order}&then=answer`)).status).toBe(200);
       expect(kept.length).toBe(3);
+    });
+
+    it('frees the lock of a pipelined response whose end() compression holds back, once its client leaves before its turn', async () => {
+      const kept: unknown[] = []; // keeps the responses reachable: a collection must not be what frees the lock
+      const [ahead, queued] = [freshOrder('gz-ahead'), freshOrder('gz-queued')];
+      const gate = deferred();
+      const asked = deferred();
+      const app = await start({
+        routes: {
+          '/gz': {
+            use: [fw.withLock(orderKey, { redis }), compression({ threshold: 0 })],
+            express: (req, res) => {
+              kept.push(res);
+              if (req.query.order === ahead) return void gate.promise.then(() => res.end('late'));
+              // Queued behind the first: more than its buffer takes, so compression waits for a drain before its end.
+              res.type('text').end(randomBytes(256 * 1024).toString('hex'));
+              asked.resolve();
+            },
+          },
+        },
+      });
+      const head = (path: string) => `GET ${path} HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n`;
+      const socket = await rawRequest(app.url, head(`/gz?order=${ahead}`) + head(`/gz?order=${queued}`));
+      try {
+        await within(asked.promise, 5_000, 'the queued handler to end its response');
+        expect(await lockedInRedis(queued)).toBe(true);
+        socket.destroy();
+        await until(async () => !(await lockedInRedis(queued)), 2_000, 'the queued lock to be freed when its client left', 20);
+        expect(await lockedInRedis(ahead)).toBe(true);
+        expect(kept.length).toBe(2);
+      } finally {
+        gate.resolve();
+        socket.destroy();
+      }
+      await until(async () => !(await lockedInRedis(ahead)), 2_000, 'the first lock to be freed by its handler', 20);
     });
 
     // A later middleware's end() may do work of its own before the end under it (express-session saves the session):

@@ -13,7 +13,7 @@
 // never (compression() waits for its zlib stream to drain). So every end() set on the response afterwards is wrapped
 // as well, to note that the handler asked for the end: the locks then go with the end under it, or at once if the
 // response is closed (by then, or when it closes), since on a closed response that end may never come.
-import type { HeldLock } from '@hasp/core/http';
+import { onConnectionClose, type HeldLock } from '@hasp/core/http';
 import type { ServerResponse } from 'node:http';
 
 const HELD = Symbol('hasp.heldLocks');
@@ -28,6 +28,8 @@ const RELEASES = Symbol('hasp.releases');
 const END_ASKED = Symbol('hasp.endAsked');
 /** The response closed (its 'close' event came). */
 const CLOSED = Symbol('hasp.closed');
+/** closedUnended listens for the response's 'close'. */
+const WATCHED = Symbol('hasp.watched');
 
 type Tracked = ServerResponse & {
   [HELD]?: HeldLock[] | undefined;
@@ -38,11 +40,13 @@ type Tracked = ServerResponse & {
   [OUTER_END]?: ServerResponse['end'] | undefined;
   [END_ASKED]?: boolean;
   [CLOSED]?: boolean;
+  [WATCHED]?: boolean;
 };
 
 type End = ((...args: unknown[]) => unknown) & { [RELEASES]?: true };
 
 type Request = { socket?: { destroyed?: boolean } | null; readableEnded?: boolean; destroy(...args: unknown[]): unknown };
+type Closable = Parameters<typeof onConnectionClose>[0];
 
 // Holds only the list of locks, never the response: a registered response stays collectable. (A release after the end
 // does nothing: HeldLock.release acts once.)
@@ -85,7 +89,12 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
   // on its connection, which it never closes if the connection goes before its turn: registered now. Otherwise 'close',
   // which fires once per response, after the end or when the connection goes: cheaper than registering every response.
   if (res.destroyed || res.socket == null) abandoned.register(r, list);
-  else res.once('close', closedUnended);
+  else watchClose(r);
+}
+
+function watchClose(r: Tracked): void {
+  r[WATCHED] = true;
+  r.once('close', closedUnended);
 }
 
 /** On 'close': nothing to do after the end; otherwise the locks go once the response is collected. */
@@ -134,8 +143,20 @@ function setEnd(this: Tracked, end: unknown): void {
  */
 function askingEnd(res: Tracked, f: End): End {
   return function endAsked(this: unknown, ...args: unknown[]): unknown {
-    res[END_ASKED] = true;
-    if (res[CLOSED] === true || res.destroyed || (res as { req?: Request }).req?.socket?.destroyed === true) releaseHeld(res);
+    if (res[END_ASKED] !== true && res[HELD] !== undefined) {
+      res[END_ASKED] = true;
+      const connection = (res as { req?: Request }).req?.socket;
+      if (res[CLOSED] === true || res.destroyed || connection?.destroyed === true) releaseHeld(res);
+      else {
+        // Queued behind another response on its connection when it was wrapped: its 'close' comes only if it gets its
+        // turn, and the connection's if the client goes first.
+        if (res[WATCHED] !== true) watchClose(res);
+        if (res.socket == null && connection != null) {
+          const stop = onConnectionClose(connection as Closable, () => releaseHeld(res));
+          res.once('close', stop);
+        }
+      }
+    }
     return f.apply(this, args);
   };
 }
