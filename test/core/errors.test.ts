@@ -23,4 +23,10 @@ describe('error names', () => {
       for (const [cls, descriptor] of original) Object.defineProperty(cls, 'name', descriptor);
     }
   });
+
+  it("name a subclass of the user's by its own class", () => {
+    class PaymentBusy extends LockBusyError {}
+    class StoreDown extends RateLimitUnavailableError {}
+    expect([new PaymentBusy('k').name, new StoreDown('down').name]).toEqual(['PaymentBusy', 'StoreDown']);
+  });
 });

@@ -547,6 +547,28 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
     expect(failed!.headers.ratelimit).toMatch(new RegExp(`^"${policy}";r=4;t=\\d+$`));
   });
 
+  // Most error pages send none of err.headers: a 429's and a 503's Retry-After are on the response already.
+  it('keeps Retry-After on a 429 and on a 503 under closed through an error page that sends none of err.headers', async () => {
+    const down = await startRedis();
+    const downClient = down.client();
+    try {
+      const app = await start({
+        errors: 'page',
+        routes: {
+          '/limited': { use: [fw.rateLimit({ capacity: 1, rate: '1/h', policy: 'page', key: 'k' })] },
+          '/closed': { use: [fw.rateLimit({ capacity: 1, rate: '1/h', redis: downClient, policy: 'page-closed', key: 'k', onStoreError: 'closed' })] },
+        },
+      });
+      await down.kill();
+      const [, limited] = await series(`${app.url}/limited`, 2);
+      const closed = await get(`${app.url}/closed`);
+      expect([limited!.status, limited!.body, closed.status, closed.body]).toEqual([429, 'Sorry', 503, 'Sorry']);
+      for (const r of [limited!, closed]) expect(Number(r.headers['retry-after']), String(r.status)).toBeGreaterThanOrEqual(1);
+    } finally {
+      await down.stop();
+    }
+  });
+
   it('skips limiting when the key is undefined, and shares a prepared bucket between routes', async () => {
     const policy = freshPolicy('shared');
     const bucket = new TokenBucket({ capacity: 3, rate: '1/h', redis, prefix: `hasp:tb:${policy}:` });

@@ -13,7 +13,7 @@ export class HaspError extends Error {
   constructor(code: HaspErrorCode, message: string, options?: { cause?: unknown }) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.code = code;
-    // hasp's own errors name themselves in words (a minifier renames classes); this is for subclasses of yours.
+    // A subclass of yours is named by its class; hasp's own errors name themselves in words (a minifier renames classes).
     this.name = new.target.name;
   }
 }
@@ -30,7 +30,7 @@ export class LockBusyError extends HaspError {
 
   constructor(key: string, retryAfter?: number) {
     super('LOCK_BUSY', `lock "${truncate(key)}" is held by another owner`);
-    this.name = 'LockBusyError';
+    if (new.target === LockBusyError) this.name = 'LockBusyError';
     this.key = key;
     this.retryAfter = retryAfter;
   }
@@ -43,7 +43,7 @@ export class LockBusyError extends HaspError {
 export class LockUnavailableError extends HaspError {
   constructor(message: string, options?: { cause?: unknown }) {
     super('LOCK_UNAVAILABLE', message, options);
-    this.name = 'LockUnavailableError';
+    if (new.target === LockUnavailableError) this.name = 'LockUnavailableError';
   }
 }
 
@@ -54,7 +54,7 @@ export class LockLostError extends HaspError {
 
   constructor(key: string, message?: string, options?: { cause?: unknown }) {
     super('LOCK_LOST', message ?? `lock "${truncate(key)}" is no longer held`, options);
-    this.name = 'LockLostError';
+    if (new.target === LockLostError) this.name = 'LockLostError';
     this.key = key;
   }
 }
@@ -68,7 +68,7 @@ export class LockLostError extends HaspError {
 export class RateLimitUnavailableError extends HaspError {
   constructor(message: string, options?: { cause?: unknown }) {
     super('RATE_LIMIT_UNAVAILABLE', message, options);
-    this.name = 'RateLimitUnavailableError';
+    if (new.target === RateLimitUnavailableError) this.name = 'RateLimitUnavailableError';
   }
 }
 

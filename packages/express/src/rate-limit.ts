@@ -1,6 +1,6 @@
 // rateLimit() for Express: a token bucket per key, the RateLimit fields on every response, a 429 to next(err) on denial.
 import type { Decision } from '@hasp/core';
-import { clientIpKey, giveBackTakes, onConnectionClose, RateLimiter } from '@hasp/core/http';
+import { clientIpKey, giveBackTakes, lendRetryAfter, onConnectionClose, RateLimiter } from '@hasp/core/http';
 import type { NextFunction, Request, Response } from 'express';
 import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, RateLimitHandler, RateLimitOptions } from './types.js';
 
@@ -150,7 +150,11 @@ export function rateLimit<
     // res.locals (Express makes one per request) holds the takes a later limiter may give back.
     void limiter.check(req, res.locals).then(
       (d) => decided(req, res, next, d),
-      (error: unknown) => next(error),
+      (error: unknown) => {
+        // A 503 under 'closed' carries Retry-After: on the response too, for error pages that send none of err.headers.
+        lendRetryAfter(res, error);
+        next(error);
+      },
     );
   } as RouteMiddleware;
 }

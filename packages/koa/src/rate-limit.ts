@@ -1,6 +1,6 @@
 // rateLimit() for Koa: a token bucket per key, the RateLimit fields on every response, a thrown 429 on denial.
 import type { Decision } from '@hasp/core';
-import { clientIpKey, giveBackTakes, RateLimiter } from '@hasp/core/http';
+import { clientIpKey, giveBackTakes, lendRetryAfter, RateLimiter } from '@hasp/core/http';
 import type { Context, DefaultContext, DefaultState, Middleware, Next } from 'koa';
 import { keepFieldsOnError } from './keep-fields.js';
 import type { RateLimitHandler, RateLimitOptions } from './types.js';
@@ -47,7 +47,7 @@ export function rateLimit<StateT = DefaultState, ContextT = DefaultContext>(
   // A plain promise chain rather than an async function: this runs for every request.
   const middleware = function rateLimitMiddleware(ctx: Context, next: Next): Promise<void> {
     // ctx.state (Koa makes one per request) holds the takes a later limiter may give back.
-    return limiter.check(ctx, ctx.state).then((d) => {
+    return limiter.check(ctx, ctx.state).then((d): Promise<void> => {
       if (d === undefined) return next();
       ctx.state.rateLimit = d;
       if (headers || !d.allowed) limiter.setHeaders(ctx.res, d);
@@ -64,6 +64,10 @@ export function rateLimit<StateT = DefaultState, ContextT = DefaultContext>(
           throw error;
         },
       );
+    }, (error: unknown) => {
+      // A 503 under 'closed' carries Retry-After: on the response too, for error handlers that send none of err.headers.
+      lendRetryAfter(ctx.res, error);
+      throw error;
     });
   };
   return middleware as unknown as Middleware<StateT, ContextT>;

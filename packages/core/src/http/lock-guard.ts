@@ -56,10 +56,18 @@ export interface HeldLock {
 const OPTIONS = ['locker', 'redis', 'ttl', 'wait', 'autoExtend'] as const;
 
 // Lockers built by the middleware, shared so that two routes locking the same key exclude each other and one client
-// gets one wake-up subscriber. Keyed by client (Redlock: by its first client, then by the whole list).
-let memoryLock: MemoryLock | undefined;
-const redisLocks = new WeakMap<object, RedisLock>();
-const redlocks = new WeakMap<object, { clients: readonly RedisClient[]; locker: Redlock }[]>();
+// gets one wake-up subscriber. Keyed by client (Redlock: by its first client, then by the whole list). Kept under a
+// Symbol.for on globalThis, so that an app loading both builds of core (ESM and CommonJS: withLock from each) shares
+// them too: two MemoryLocks would not exclude each other. Only the Locker interface is used across builds.
+interface SharedLockers {
+  memoryLock?: Locker;
+  readonly redisLocks: WeakMap<object, Locker>;
+  readonly redlocks: WeakMap<object, { clients: readonly RedisClient[]; locker: Locker }[]>;
+}
+const SHARED = Symbol.for('hasp.withLock.lockers');
+const shared = ((globalThis as { [SHARED]?: SharedLockers })[SHARED] ??= { redisLocks: new WeakMap(), redlocks: new WeakMap() });
+const redisLocks = shared.redisLocks;
+const redlocks = shared.redlocks;
 
 /** The locker `withLock` uses for these options: the given one, one built from `redis`, or the shared MemoryLock. */
 export function lockerFor(options: Pick<WithLockBaseOptions, 'locker' | 'redis'>): Locker {
@@ -72,7 +80,7 @@ export function lockerFor(options: Pick<WithLockBaseOptions, 'locker' | 'redis'>
     return options.locker;
   }
   const redis = options.redis;
-  if (redis === undefined) return (memoryLock ??= new MemoryLock());
+  if (redis === undefined) return (shared.memoryLock ??= new MemoryLock());
   if (Array.isArray(redis)) {
     const clients = redis as readonly RedisClient[];
     if (clients.length === 0) throw new TypeError('redis must be a client or a non-empty array of clients, got an empty array');

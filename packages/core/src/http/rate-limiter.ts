@@ -3,7 +3,7 @@
 import { assertClient } from '../lock/redis-lock.js';
 import { parseRate } from '../rate-limit/rate.js';
 import { RedisBucketStore, Taken, type BucketStore, type TakeHome } from '../rate-limit/bucket-store.js';
-import { isForeignBucket, storeOf, TokenBucket } from '../rate-limit/token-bucket.js';
+import { isTokenBucket, storeOf, TokenBucket } from '../rate-limit/token-bucket.js';
 import { encodePrefixPart } from '../redis/keys.js';
 import type { Decision, RedisClient } from '../types.js';
 import * as v from '../util/validate.js';
@@ -220,8 +220,10 @@ export class RateLimiter<Arg, H = never> {
     this.onStoreError = resolved.onStoreError;
     this.headers = resolved.headers;
     this.handler = resolved.handler;
-    this.store = storeOf(this.bucket);
-    if (this.store === undefined) warnIfForeignBucket(this.bucket);
+    const own = storeOf(this.bucket);
+    // A subclass's own take() is what its user asked for: taken through it (and nothing given back).
+    this.store = own !== undefined && (this.bucket as { take?: unknown }).take === TokenBucket.prototype.take ? own : undefined;
+    if (this.store === undefined) warnIfNoGiveBack(this.bucket);
     const store = this.store;
     this.guard = storeGuard(this.bucket, store instanceof RedisBucketStore ? (key) => store.name(key) : undefined);
     if (resolved.onStoreState !== undefined) this.guard?.listen(resolved.onStoreState);
@@ -330,19 +332,20 @@ export class RateLimiter<Arg, H = never> {
   }
 }
 
-let warnedForeign = false;
+let warnedNoGiveBack = false;
 
 /**
- * Warns once per process when a limiter gets a TokenBucket made by the other build of @hasp/core than its own (the app
- * loads both the ESM and the CommonJS build): such a bucket works, but what it took for a request that a later limiter
- * refuses cannot be given back, and on a Cluster it shares one circuit for all masters.
+ * Warns once per process when a limiter gets a hasp TokenBucket whose store it cannot reach: one made by the other
+ * build of @hasp/core than its own (the app loads both the ESM and the CommonJS build), a Proxy or other wrapper around
+ * one, or a subclass that overrides take(). Such a bucket works through its take(), but what it took for a request that
+ * a later limiter refuses cannot be given back (and on a Cluster it shares one circuit for all masters).
  */
-function warnIfForeignBucket(bucket: object): void {
-  if (warnedForeign || !isForeignBucket(bucket)) return;
-  warnedForeign = true;
+function warnIfNoGiveBack(bucket: object): void {
+  if (warnedNoGiveBack || !isTokenBucket(bucket)) return;
+  warnedNoGiveBack = true;
   process.emitWarning(
-    'hasp: a rate limiter got a TokenBucket made by the other build of @hasp/core (this process loads both its ESM and its CommonJS build): tokens it took for requests a later limiter refuses are not given back. Load @hasp/core the way the middleware does (both import, or both require)',
-    { code: 'HASP_DUAL_PACKAGE' },
+    'hasp: a rate limiter got a TokenBucket it can only call take() on: one made by the other build of @hasp/core (this process loads both its ESM and its CommonJS build; load it the way the middleware does), a Proxy or other wrapper around one, or a subclass that overrides take(). Tokens it takes for requests a later limiter refuses are not given back',
+    { code: 'HASP_BUCKET_NO_GIVE_BACK' },
   );
 }
 

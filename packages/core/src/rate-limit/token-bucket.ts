@@ -22,8 +22,8 @@ const MAX_REFILL_US = 2 ** 51;
 // Each bucket's store, for the middleware's takes that may have to be given back (see storeOf). A map rather than a
 // member, so that the class's public shape stays what the docs describe.
 const STORES = new WeakMap<object, BucketStore>();
-// On every TokenBucket, whichever copy of this module made it (Symbol.for): a bucket with it but not in STORES comes
-// from the other build of @hasp/core (an app that loads both its ESM and its CommonJS build).
+// On every TokenBucket, whichever copy of this module made it (Symbol.for), and seen through a wrapper: tells a bucket
+// whose store this copy cannot reach (see storeOf) from an object of the user's that merely has a take().
 const BUCKET_BRAND = Symbol.for('hasp.tokenBucket');
 
 /**
@@ -154,9 +154,9 @@ export function storeOf(bucket: object): BucketStore | undefined {
   return STORES.get(bucket);
 }
 
-/** A TokenBucket made by another copy of this module, whose store this copy cannot reach (see storeOf). */
-export function isForeignBucket(bucket: object): boolean {
-  return !STORES.has(bucket) && (bucket as { [BUCKET_BRAND]?: unknown })[BUCKET_BRAND] === true;
+/** Whether `bucket` is a TokenBucket of any copy of this module, or something built on one (a subclass, a Proxy). */
+export function isTokenBucket(bucket: object): boolean {
+  return (bucket as { [BUCKET_BRAND]?: unknown })[BUCKET_BRAND] === true;
 }
 
 Object.defineProperty(TokenBucket.prototype, BUCKET_BRAND, { value: true });
