@@ -1,5 +1,6 @@
 // hasp's error classes name themselves: a minifier that renames classes (esbuild --minify, webpack production)
 // must not turn `LockBusyError` into `Qi` in logs and in code that reads err.name.
+import { createRequire } from 'node:module';
 import { describe, expect, it } from 'vitest';
 import { LockBusyError, LockLostError, LockUnavailableError, RateLimitUnavailableError } from '../../packages/core/src/index.js';
 
@@ -28,5 +29,13 @@ describe('error names', () => {
     class PaymentBusy extends LockBusyError {}
     class StoreDown extends RateLimitUnavailableError {}
     expect([new PaymentBusy('k').name, new StoreDown('down').name]).toEqual(['PaymentBusy', 'StoreDown']);
+  });
+
+  it('keep their class names in the built packages (a class named inside its own body is renamed by the bundler)', async () => {
+    // Needs `pnpm build`.
+    const cjs = createRequire(import.meta.url)('../../packages/core/dist/index.cjs') as Record<string, { name: string }>;
+    const esm = (await import('../../packages/core/dist/index.js')) as Record<string, { name: string }>;
+    const names = ['HaspError', 'LockBusyError', 'LockLostError', 'LockUnavailableError', 'RateLimitUnavailableError'];
+    for (const build of [cjs, esm]) expect(names.map((n) => build[n]!.name)).toEqual(names);
   });
 });

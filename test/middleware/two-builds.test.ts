@@ -11,9 +11,10 @@ import type { TokenBucket as Bucket } from '../../packages/core/src/index.js';
 
 const require = createRequire(import.meta.url);
 
-/** Core's modules loaded afresh: a process that has not warned yet. */
+/** Core's modules loaded afresh, and its record of warnings emitted (on globalThis) cleared: a process that has not warned yet. */
 async function freshCore() {
   vi.resetModules();
+  delete (globalThis as { [k: symbol]: unknown })[Symbol.for('hasp.warned')];
   const { RateLimiter } = await import('../../packages/core/src/http/rate-limiter.js');
   const { TokenBucket } = await import('../../packages/core/src/index.js');
   return { RateLimiter, TokenBucket };
@@ -96,5 +97,17 @@ describe('withLock in both builds', () => {
     } finally {
       client.disconnect();
     }
+  });
+});
+
+describe('warnings with both builds loaded', () => {
+  it('warns once per process, not once per build', async () => {
+    const { RateLimiter, TokenBucket } = await freshCore();
+    const cjs = require('../../packages/core/dist/http.cjs') as typeof import('../../packages/core/src/http/index.js');
+    const warned = await warningsOf(() => {
+      new RateLimiter({ bucket: new Proxy(new TokenBucket({ capacity: 2, rate: '2/min' }), {}), key: 'k' }, () => 'k');
+      new cjs.RateLimiter({ bucket: new TokenBucket({ capacity: 2, rate: '2/min' }), key: 'k' }, () => 'k');
+    });
+    expect(warned).toEqual([expect.stringMatching(MESSAGE)]);
   });
 });

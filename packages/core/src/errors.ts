@@ -1,5 +1,8 @@
 // The error hierarchy: every error hasp throws at runtime extends HaspError and carries a stable `code`.
 
+/** Where each of hasp's error classes keeps its name in words (see HaspError's constructor). */
+const NAME = Symbol.for('hasp.errorName');
+
 /** Stable machine-readable codes carried by every {@link HaspError}. */
 export type HaspErrorCode = 'LOCK_BUSY' | 'LOCK_UNAVAILABLE' | 'LOCK_LOST' | 'RATE_LIMIT_UNAVAILABLE';
 
@@ -13,8 +16,10 @@ export class HaspError extends Error {
   constructor(code: HaspErrorCode, message: string, options?: { cause?: unknown }) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.code = code;
-    // A subclass of yours is named by its class; hasp's own errors name themselves in words (a minifier renames classes).
-    this.name = new.target.name;
+    // hasp's own errors carry their name in words on their prototype (a minifier renames classes; naming the class inside
+    // its own body makes bundlers rename it `_LockBusyError`); a subclass of yours is named by its class.
+    const own = Object.getOwnPropertyDescriptor(new.target.prototype, NAME) as { value?: unknown } | undefined;
+    this.name = typeof own?.value === 'string' ? own.value : new.target.name;
   }
 }
 
@@ -30,7 +35,6 @@ export class LockBusyError extends HaspError {
 
   constructor(key: string, retryAfter?: number) {
     super('LOCK_BUSY', `lock "${truncate(key)}" is held by another owner`);
-    if (new.target === LockBusyError) this.name = 'LockBusyError';
     this.key = key;
     this.retryAfter = retryAfter;
   }
@@ -43,7 +47,6 @@ export class LockBusyError extends HaspError {
 export class LockUnavailableError extends HaspError {
   constructor(message: string, options?: { cause?: unknown }) {
     super('LOCK_UNAVAILABLE', message, options);
-    if (new.target === LockUnavailableError) this.name = 'LockUnavailableError';
   }
 }
 
@@ -54,7 +57,6 @@ export class LockLostError extends HaspError {
 
   constructor(key: string, message?: string, options?: { cause?: unknown }) {
     super('LOCK_LOST', message ?? `lock "${truncate(key)}" is no longer held`, options);
-    if (new.target === LockLostError) this.name = 'LockLostError';
     this.key = key;
   }
 }
@@ -68,8 +70,17 @@ export class LockLostError extends HaspError {
 export class RateLimitUnavailableError extends HaspError {
   constructor(message: string, options?: { cause?: unknown }) {
     super('RATE_LIMIT_UNAVAILABLE', message, options);
-    if (new.target === RateLimitUnavailableError) this.name = 'RateLimitUnavailableError';
   }
+}
+
+for (const [cls, name] of [
+  [HaspError, 'HaspError'],
+  [LockBusyError, 'LockBusyError'],
+  [LockUnavailableError, 'LockUnavailableError'],
+  [LockLostError, 'LockLostError'],
+  [RateLimitUnavailableError, 'RateLimitUnavailableError'],
+] as const) {
+  Object.defineProperty(cls.prototype, NAME, { value: name });
 }
 
 // Keys may be megabytes long; error messages should stay readable.

@@ -14,7 +14,8 @@ import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, Reque
  * open frees the lock at once. A client that disconnects, a socket timeout, or a connection closed under the response
  * (Express answering an error after the headers were sent, `closeAllConnections()`, a client's `CONNECT`) does not: the
  * handler still holds the lock until it ends the response (`res.end()` works on a closed connection, so handlers that
- * always answer need nothing special, also behind a later middleware that wraps `res.end()`, such as `compression()`).
+ * always answer need nothing special, also behind a later middleware that wraps `res.end()`, such as `compression()`,
+ * where the lock then covers the delivery it holds back).
  * A handler that gives up on a gone client without ending the response frees the lock when the response object is
  * garbage-collected, which an idle Node process does within seconds to tens of seconds and a busy one may not do for
  * minutes; end the response to free it at once. A middleware that answers while the handler still runs (a timeout

@@ -12,6 +12,7 @@ import { appendListMember, POLICY_FIELD, RATELIMIT_FIELD, RateLimitFields, RETRY
 import { callCost, callKey, type CostFunction, type KeyFunction } from './inputs.js';
 import { isKeyFault, isStoreError, storeGuard, type BucketLike, type StoreGuard, type StoreStateEvent } from './store-guard.js';
 import { checkOptionNames, optionErrors } from './options.js';
+import { warnOnce } from '../util/warn.js';
 
 /** What to do when the bucket's Redis fails. */
 export type StoreErrorPolicy = 'memory' | 'open' | 'closed';
@@ -332,8 +333,6 @@ export class RateLimiter<Arg, H = never> {
   }
 }
 
-let warnedNoGiveBack = false;
-
 /**
  * Warns once per process when a limiter gets a hasp TokenBucket whose store it cannot reach: one made by the other
  * build of @hasp/core than its own (the app loads both the ESM and the CommonJS build), a Proxy or other wrapper around
@@ -341,11 +340,10 @@ let warnedNoGiveBack = false;
  * a later limiter refuses cannot be given back (and on a Cluster it shares one circuit for all masters).
  */
 function warnIfNoGiveBack(bucket: object): void {
-  if (warnedNoGiveBack || !isTokenBucket(bucket)) return;
-  warnedNoGiveBack = true;
-  process.emitWarning(
+  if (!isTokenBucket(bucket)) return;
+  warnOnce(
+    'HASP_BUCKET_NO_GIVE_BACK',
     'hasp: a rate limiter got a TokenBucket it can only call take() on: one made by the other build of @hasp/core (this process loads both its ESM and its CommonJS build; load it the way the middleware does), a Proxy or other wrapper around one, or a subclass that overrides take(). Tokens it takes for requests a later limiter refuses are not given back',
-    { code: 'HASP_BUCKET_NO_GIVE_BACK' },
   );
 }
 

@@ -4,6 +4,7 @@ import type { RedisClient, RedisLockOptions } from '../types.js';
 import * as v from '../util/validate.js';
 import { BaseLocker, resolveLockerOptions } from './locker.js';
 import { RedisLockStore } from './redis-store.js';
+import { warnOnce } from '../util/warn.js';
 
 const OPTIONS = ['ttl', 'wait', 'onError', 'prefix', 'timeout'] as const;
 
@@ -52,8 +53,6 @@ export function assertClient(name: string, value: unknown): void {
   }
 }
 
-let warnedSentinel = false;
-
 /**
  * Warns once per process when a locker is made on an ioredis Sentinel client without `failoverDetector`: such a
  * client keeps its connection to a master Sentinel has demoted until Sentinel reconfigures it (about 10 s after a
@@ -62,11 +61,10 @@ let warnedSentinel = false;
  */
 export function warnIfSentinelStays(client: unknown): void {
   const o = (client as { options?: { sentinels?: unknown; failoverDetector?: unknown } }).options;
-  if (warnedSentinel || !Array.isArray(o?.sentinels) || o.sentinels.length === 0 || Boolean(o.failoverDetector)) return;
-  warnedSentinel = true;
-  process.emitWarning(
+  if (!Array.isArray(o?.sentinels) || o.sentinels.length === 0 || Boolean(o.failoverDetector)) return;
+  warnOnce(
+    'HASP_SENTINEL_FAILOVER_DETECTOR',
     'hasp: a lock on an ioredis Sentinel client without failoverDetector: true. After a failover the client stays on the demoted master, which grants locks beside the new one until Sentinel reconfigures it (about 10 s): make the client with failoverDetector: true (see "Sentinel" in the @hasp/core README)',
-    { code: 'HASP_SENTINEL_FAILOVER_DETECTOR' },
   );
 }
 
