@@ -43,6 +43,7 @@ const badRateLimit: [string, unknown, string][] = [
   ...[5, '', {}, null, true, []].map((v): [string, unknown, string] => [`key ${show(v)}`, { ...base, key: v }, 'key']),
   ...[0, -1, NaN, Infinity, '1', 11, null, {}].map((v): [string, unknown, string] => [`cost ${show(v)}`, { ...base, cost: v }, 'cost']),
   ...['yes', 1, 0, null, {}].map((v): [string, unknown, string] => [`headers ${show(v)}`, { ...base, headers: v }, 'headers']),
+  ...['no', 0, null].map((v): [string, unknown, string] => [`giveBack ${show(v)}`, { ...base, giveBack: v }, 'giveBack']),
   ...['', 'ümlaut', 'line\nbreak', 'tab\there', 'emoji😀', 'del\u007f', 5, null, {}].map((v): [string, unknown, string] => [
     `policy ${show(v)}`,
     { ...base, policy: v },

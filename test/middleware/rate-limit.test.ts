@@ -311,6 +311,23 @@ describe.each(FRAMEWORKS)('rateLimit on %s', (name) => {
       }
     });
 
+    it('gives nothing back to a limiter with giveBack: false, a flood guard that bounds refused requests too', async () => {
+      const perIp = new TokenBucket({ capacity: 3, rate: '3/h' });
+      const app = await start({
+        routes: {
+          '/sms': {
+            use: [
+              fw.rateLimit({ bucket: perIp, policy: 'ip', key: 'ip', giveBack: false }),
+              fw.rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: phone }),
+            ],
+          },
+        },
+      });
+      // The number's second and third requests are refused by its limit, and still count against the client's.
+      expect(await statuses(`${app.url}/sms`, ['1', '1', '1', '2'])).toEqual([200, 429, 429, 429]);
+      expect((await perIp.peek('ip')).remaining).toBe(0);
+    });
+
     it('gives back what the limits before a withLock took when it refuses the request (a double click gets 423)', async () => {
       const perUser = new TokenBucket({ capacity: 3, rate: '3/h' });
       const started = deferred();

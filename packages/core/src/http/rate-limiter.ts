@@ -81,6 +81,14 @@ export interface RateLimitBaseOptions<Arg> {
    * @default none
    */
   onStoreState?: ((event: StoreStateEvent) => void) | undefined;
+  /**
+   * Give this limiter's tokens back when a later hasp limiter or `withLock` refuses the request (see
+   * {@link giveBackTakes}). `false` makes every request it admits count, refused later or not: a flood guard (a limit
+   * per client IP in front of the others) must, or a client sending only requests that a later limiter refuses (429s
+   * on a phone number at its limit, 423s on a held order) is not bounded by it.
+   * @default true
+   */
+  giveBack?: boolean | undefined;
 }
 
 /**
@@ -111,7 +119,7 @@ export interface HeaderTarget {
 }
 
 const NOT_LIMITED: Promise<undefined> = Promise.resolve(undefined);
-const OPTIONS = ['capacity', 'rate', 'redis', 'bucket', 'key', 'cost', 'headers', 'policy', 'onStoreError', 'onStoreState', 'handler'] as const;
+const OPTIONS = ['capacity', 'rate', 'redis', 'bucket', 'key', 'cost', 'headers', 'policy', 'onStoreError', 'onStoreState', 'giveBack', 'handler'] as const;
 const POLICIES: readonly StoreErrorPolicy[] = ['memory', 'open', 'closed'];
 /** Prefix of the Redis keys of buckets the middleware builds itself: `hasp:tb:<policy>:{<key>}:<h>`. */
 export const MIDDLEWARE_BUCKET_PREFIX = 'hasp:tb:';
@@ -139,6 +147,8 @@ export class RateLimiter<Arg, H = never> {
   private readonly costFn: CostFunction<Arg> | undefined;
   private readonly cost: number;
   private readonly guard: StoreGuard | undefined;
+  /** See {@link RateLimitBaseOptions.giveBack}: false records no take on the request's home. */
+  private readonly giveBack: boolean;
   private readonly store: BucketStore | undefined;
 
   /**
@@ -209,6 +219,7 @@ export class RateLimiter<Arg, H = never> {
         onStoreError,
         onStoreState: o.onStoreState === undefined ? undefined : v.func<(e: StoreStateEvent) => void>('onStoreState', o.onStoreState),
         headers: o.headers === undefined ? true : v.boolean('headers', o.headers),
+        giveBack: o.giveBack === undefined ? true : v.boolean('giveBack', o.giveBack),
         handler: o.handler === undefined ? undefined : v.func<H>('handler', o.handler),
       };
     });
@@ -221,10 +232,11 @@ export class RateLimiter<Arg, H = never> {
     this.onStoreError = resolved.onStoreError;
     this.headers = resolved.headers;
     this.handler = resolved.handler;
+    this.giveBack = resolved.giveBack;
     const own = storeOf(this.bucket);
     // A subclass's own take() is what its user asked for: taken through it (and nothing given back).
     this.store = own !== undefined && (this.bucket as { take?: unknown }).take === TokenBucket.prototype.take ? own : undefined;
-    if (this.store === undefined) warnIfNoGiveBack(this.bucket);
+    if (this.store === undefined && this.giveBack) warnIfNoGiveBack(this.bucket);
     const store = this.store;
     this.guard = storeGuard(this.bucket, store instanceof RedisBucketStore ? (key) => store.name(key) : undefined);
     if (resolved.onStoreState !== undefined) this.guard?.listen(resolved.onStoreState);
@@ -276,9 +288,11 @@ export class RateLimiter<Arg, H = never> {
 
   private take(key: string, cost: number, home: object | undefined): Promise<Decision | undefined> {
     const guard = this.guard;
-    if (guard === undefined) return this.takeFrom(this.bucket, this.store, key, cost, home);
+    // Where the take is recorded for a give-back: nowhere for a limiter whose takes always count.
+    const record = this.giveBack ? home : undefined;
+    if (guard === undefined) return this.takeFrom(this.bucket, this.store, key, cost, record);
     if (!guard.usable(key)) return this.degraded(guard, key, cost, undefined, home);
-    return this.takeFrom(this.bucket, this.store, key, cost, home).then(undefined, (error: unknown) => {
+    return this.takeFrom(this.bucket, this.store, key, cost, record).then(undefined, (error: unknown) => {
       if (!isStoreError(error)) throw error;
       // A key's own data (another type, or no number, under the bucket's name) fails that key alone: Redis still
       // answers the others, so only this request follows onStoreError.
@@ -324,7 +338,7 @@ export class RateLimiter<Arg, H = never> {
   private degraded(guard: StoreGuard, key: string, cost: number, cause: unknown, home: object | undefined): Promise<Decision | undefined> {
     switch (this.onStoreError) {
       case 'memory':
-        return this.takeFrom(guard.fallback, storeOf(guard.fallback), key, cost, home);
+        return this.takeFrom(guard.fallback, storeOf(guard.fallback), key, cost, this.giveBack ? home : undefined);
       case 'open':
         return Promise.resolve(undefined);
       default:
