@@ -82,8 +82,8 @@ export interface RateLimitBaseOptions<Arg> {
    */
   onStoreState?: ((event: StoreStateEvent) => void) | undefined;
   /**
-   * Give this limiter's tokens back when a later hasp limiter or `withLock` refuses the request (see
-   * {@link giveBackTakes}). `false` makes every request it admits count, refused later or not: a flood guard (a limit
+   * Give this limiter's tokens back when a later hasp limiter or `withLock` refuses the request (exactly, or not at
+   * all when the bucket was taken from since). `false` makes every request it admits count, refused later or not: a flood guard (a limit
    * per client IP in front of the others) must, or a client sending only requests that a later limiter refuses (429s
    * on a phone number at its limit, 423s on a held order) is not bounded by it.
    * @default true
