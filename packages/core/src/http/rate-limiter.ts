@@ -94,7 +94,8 @@ export interface RateLimitBaseOptions<Arg> {
 /**
  * For a request that is not served after all: gives back the tokens that hasp rate limiters recorded in `home` for it
  * (in either adapter, any bucket made by hasp, on Redis or in memory), so that a request refused by one policy, or by
- * `withLock` (423, 503, 499, 500), costs nothing in the others. A limiter that cannot decide (a 500 or 503 from
+ * `withLock` (423, 503, 499, 500), costs nothing in the others (but those made with `giveBack: false`, which record
+ * nothing). A limiter that cannot decide (a 500 or 503 from
  * {@link RateLimiter.check}) has done so before rejecting. A take stays spent when its bucket has been taken from since
  * (removing it from under a later take could admit more than the bucket allows), or when its store fails. Undefined
  * when there is nothing to give back; otherwise resolves (never rejects) once every store has answered.
