@@ -26,10 +26,6 @@ const OUTER_END = Symbol('hasp.outerEnd');
 const RELEASES = Symbol('hasp.releases');
 /** An end() set by a later middleware was called. */
 const END_ASKED = Symbol('hasp.endAsked');
-/** The response closed (its 'close' event came). */
-const CLOSED = Symbol('hasp.closed');
-/** closedUnended listens for the response's 'close'. */
-const WATCHED = Symbol('hasp.watched');
 
 type Tracked = ServerResponse & {
   [HELD]?: HeldLock[] | undefined;
@@ -39,8 +35,6 @@ type Tracked = ServerResponse & {
   [GIVEN_UP]?: boolean;
   [OUTER_END]?: ServerResponse['end'] | undefined;
   [END_ASKED]?: boolean;
-  [CLOSED]?: boolean;
-  [WATCHED]?: boolean;
 };
 
 type End = ((...args: unknown[]) => unknown) & { [RELEASES]?: true };
@@ -86,20 +80,18 @@ export function releaseOnEnd(res: ServerResponse, held: HeldLock): void {
     };
   }
   // Closed already (the client left while an earlier middleware or the acquire ran), or queued behind another response
-  // on its connection, which it never closes if the connection goes before its turn: registered now. Otherwise 'close',
-  // which fires once per response, after the end or when the connection goes: cheaper than registering every response.
+  // on its connection, which it never closes if the connection goes before its turn: registered now. Otherwise at
+  // 'close', which fires once per response, after the end or when the connection goes (a queued one's once its turn
+  // came): cheaper than registering every response.
   if (res.destroyed || res.socket == null) abandoned.register(r, list);
-  else watchClose(r);
-}
-
-function watchClose(r: Tracked): void {
-  r[WATCHED] = true;
   r.once('close', closedUnended);
 }
 
-/** On 'close': nothing to do after the end; otherwise the locks go once the response is collected. */
+/**
+ * On 'close' (the response is destroyed by then): nothing to do after the end; after an end() asked for through a
+ * later middleware, the locks go now; otherwise once the response is collected.
+ */
 function closedUnended(this: Tracked): void {
-  this[CLOSED] = true;
   if (this[END_ASKED] === true) releaseHeld(this);
   const list = this[HELD];
   if (list !== undefined) abandoned.register(this, list);
@@ -146,15 +138,12 @@ function askingEnd(res: Tracked, f: End): End {
     if (res[END_ASKED] !== true && res[HELD] !== undefined) {
       res[END_ASKED] = true;
       const connection = (res as { req?: Request }).req?.socket;
-      if (res[CLOSED] === true || res.destroyed || connection?.destroyed === true) releaseHeld(res);
-      else {
-        // Queued behind another response on its connection when it was wrapped: its 'close' comes only if it gets its
-        // turn, and the connection's if the client goes first.
-        if (res[WATCHED] !== true) watchClose(res);
-        if (res.socket == null && connection != null) {
-          const stop = onConnectionClose(connection as Closable, () => releaseHeld(res));
-          res.once('close', stop);
-        }
+      if (res.destroyed || connection?.destroyed === true) releaseHeld(res);
+      else if (res.socket == null && connection != null) {
+        // Queued behind another response on its connection: its 'close' comes only if it gets its turn, and the
+        // connection's if the client goes first.
+        const stop = onConnectionClose(connection as Closable, () => releaseHeld(res));
+        res.once('close', stop);
       }
     }
     return f.apply(this, args);

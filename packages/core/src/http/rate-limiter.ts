@@ -83,9 +83,9 @@ export interface RateLimitBaseOptions<Arg> {
   onStoreState?: ((event: StoreStateEvent) => void) | undefined;
   /**
    * Give this limiter's tokens back when a later hasp limiter or `withLock` refuses the request (exactly, or not at
-   * all when the bucket was taken from since). `false` makes every request it admits count, refused later or not: a flood guard (a limit
-   * per client IP in front of the others) must, or a client sending only requests that a later limiter refuses (429s
-   * on a phone number at its limit, 423s on a held order) is not bounded by it.
+   * all when the bucket was taken from since). `false` makes every request it admits count, refused later or not: a
+   * flood guard (a limit per client IP in front of the others) must, or a client sending only requests that a later
+   * limiter refuses (429s on a phone number at its limit, 423s on a held order) is not bounded by it.
    * @default true
    */
   giveBack?: boolean | undefined;
@@ -289,11 +289,9 @@ export class RateLimiter<Arg, H = never> {
 
   private take(key: string, cost: number, home: object | undefined): Promise<Decision | undefined> {
     const guard = this.guard;
-    // Where the take is recorded for a give-back: nowhere for a limiter whose takes always count.
-    const record = this.giveBack ? home : undefined;
-    if (guard === undefined) return this.takeFrom(this.bucket, this.store, key, cost, record);
+    if (guard === undefined) return this.takeFrom(this.bucket, this.store, key, cost, home);
     if (!guard.usable(key)) return this.degraded(guard, key, cost, undefined, home);
-    return this.takeFrom(this.bucket, this.store, key, cost, record).then(undefined, (error: unknown) => {
+    return this.takeFrom(this.bucket, this.store, key, cost, home).then(undefined, (error: unknown) => {
       if (!isStoreError(error)) throw error;
       // A key's own data (another type, or no number, under the bucket's name) fails that key alone: Redis still
       // answers the others, so only this request follows onStoreError.
@@ -303,9 +301,10 @@ export class RateLimiter<Arg, H = never> {
   }
 
   // Through the bucket's store when hasp made the bucket, so that the take is recorded on the request (see
-  // giveBackTakes); key and cost are valid here (callKey, callCost, the constructor).
+  // giveBackTakes), unless this limiter's takes always count (giveBack: false); key and cost are valid here (callKey,
+  // callCost, the constructor).
   private takeFrom(bucket: BucketLike, store: BucketStore | undefined, key: string, cost: number, home: object | undefined): Promise<Decision> {
-    if (store === undefined || home === undefined) return bucket.take(key, cost);
+    if (store === undefined || home === undefined || !this.giveBack) return bucket.take(key, cost);
     return store.take(key, cost, true, home as TakeHome);
   }
 
@@ -339,7 +338,7 @@ export class RateLimiter<Arg, H = never> {
   private degraded(guard: StoreGuard, key: string, cost: number, cause: unknown, home: object | undefined): Promise<Decision | undefined> {
     switch (this.onStoreError) {
       case 'memory':
-        return this.takeFrom(guard.fallback, storeOf(guard.fallback), key, cost, this.giveBack ? home : undefined);
+        return this.takeFrom(guard.fallback, storeOf(guard.fallback), key, cost, home);
       case 'open':
         return Promise.resolve(undefined);
       default:
