@@ -1,7 +1,14 @@
 // hasp's error classes name themselves: a minifier that renames classes (esbuild --minify, webpack production)
 // must not turn `LockBusyError` into `Qi` in logs and in code that reads err.name.
 import { createRequire } from 'node:module';
-import { describe, expect, it } from 'vitest';
+import {
+  LockBusyError as PublishedBusy,
+  LockLostError as PublishedLost,
+  LockUnavailableError as PublishedUnavailable,
+  RateLimitUnavailableError as PublishedRateLimitDown,
+  type StoreStateEvent,
+} from '@hasp/core';
+import { describe, expect, expectTypeOf, it } from 'vitest';
 import { LockBusyError, LockLostError, LockUnavailableError, RateLimitUnavailableError } from '../../packages/core/src/index.js';
 
 describe('error names', () => {
@@ -37,5 +44,48 @@ describe('error names', () => {
     const esm = (await import('../../packages/core/dist/index.js')) as Record<string, { name: string }>;
     const names = ['HaspError', 'LockBusyError', 'LockLostError', 'LockUnavailableError', 'RateLimitUnavailableError'];
     for (const build of [cjs, esm]) expect(names.map((n) => build[n]!.name)).toEqual(names);
+  });
+});
+
+// Checked by `pnpm typecheck` (the assertions are on types, on the published declarations); the run checks the values.
+describe('error types', () => {
+  it('narrow the code with instanceof, as the code narrows nothing else', () => {
+    const errors: unknown[] = [new PublishedBusy('k'), new PublishedLost('k'), new PublishedUnavailable('down'), new PublishedRateLimitDown('down')];
+    const codes = errors.map((e) => {
+      if (e instanceof PublishedBusy) {
+        expectTypeOf(e.code).toEqualTypeOf<'LOCK_BUSY'>();
+        return e.code;
+      }
+      if (e instanceof PublishedLost) {
+        expectTypeOf(e.code).toEqualTypeOf<'LOCK_LOST'>();
+        return e.code;
+      }
+      if (e instanceof PublishedUnavailable) {
+        expectTypeOf(e.code).toEqualTypeOf<'LOCK_UNAVAILABLE'>();
+        return e.code;
+      }
+      if (e instanceof PublishedRateLimitDown) {
+        expectTypeOf(e.code).toEqualTypeOf<'RATE_LIMIT_UNAVAILABLE'>();
+        return e.code;
+      }
+      return undefined;
+    });
+    expect(codes).toEqual(['LOCK_BUSY', 'LOCK_LOST', 'LOCK_UNAVAILABLE', 'RATE_LIMIT_UNAVAILABLE']);
+  });
+
+  it("type onStoreState's event: 'down' carries a RateLimitUnavailableError, 'up' no error", () => {
+    const seen: string[] = [];
+    const hook = (event: StoreStateEvent): void => {
+      if (event.state === 'down') {
+        expectTypeOf(event.error).toEqualTypeOf<PublishedRateLimitDown>();
+        seen.push(event.error.code);
+      } else {
+        expectTypeOf(event.error).toEqualTypeOf<undefined>();
+        seen.push(event.state);
+      }
+    };
+    hook({ state: 'down', error: new PublishedRateLimitDown('down') });
+    hook({ state: 'up' });
+    expect(seen).toEqual(['RATE_LIMIT_UNAVAILABLE', 'up']);
   });
 });

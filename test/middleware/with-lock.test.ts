@@ -931,15 +931,17 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     expect(unlocked[0]!.body).toEqual({ locked: false });
   });
 
-  it('stops waiting for a busy lock when the waiting client disconnects, so its handler never takes the lock', async () => {
-    const order = freshOrder('ghost');
+  // The wait comes from withLock's option, or from the locker's own option (a reviewer found the latter unwatched: the
+  // handlers of clients long gone ran in turn).
+  it.each(['option', 'locker'] as const)('stops waiting for a busy lock when the waiting client disconnects, so its handler never takes the lock (wait from the %s)', async (from) => {
+    const order = freshOrder(`ghost-${from}`);
     const gate = deferred();
     const started = deferred();
     let runs = 0;
     const app = await start({
       routes: {
         '/buy': {
-          use: [fw.withLock(orderKey, { redis, wait: 10_000 })],
+          use: [fw.withLock(orderKey, from === 'option' ? { redis, wait: 10_000 } : { locker: new RedisLock(redis, { wait: 10_000 }) })],
           handle: async () => {
             runs++;
             started.resolve();

@@ -28,8 +28,7 @@ export async function send(
 ): Promise<{ status: number; headers: Headers; body: Record<string, unknown> | string }> {
   const res = await fetch(url, {
     method,
-    headers: body === undefined ? {} : { 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
+    ...(body === undefined ? {} : { headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) }),
     signal: AbortSignal.timeout(10_000),
   });
   const text = await res.text();

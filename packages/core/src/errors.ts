@@ -28,6 +28,8 @@ export class HaspError extends Error {
  * `retryAfter` is the holder's remaining time in ms when the store reported it.
  */
 export class LockBusyError extends HaspError {
+  /** Always `'LOCK_BUSY'`, so that `instanceof` narrows the code too. */
+  declare readonly code: 'LOCK_BUSY';
   /** Milliseconds until the current holder's lease runs out, when known. */
   readonly retryAfter: number | undefined;
   /** The key that was busy. */
@@ -45,6 +47,9 @@ export class LockBusyError extends HaspError {
  * The underlying error is kept in `cause`.
  */
 export class LockUnavailableError extends HaspError {
+  /** Always `'LOCK_UNAVAILABLE'`, so that `instanceof` narrows the code too. */
+  declare readonly code: 'LOCK_UNAVAILABLE';
+
   constructor(message: string, options?: { cause?: unknown }) {
     super('LOCK_UNAVAILABLE', message, options);
   }
@@ -52,6 +57,8 @@ export class LockUnavailableError extends HaspError {
 
 /** The lease is no longer held (expired, released, or taken over), so it cannot be extended. */
 export class LockLostError extends HaspError {
+  /** Always `'LOCK_LOST'`, so that `instanceof` narrows the code too. */
+  declare readonly code: 'LOCK_LOST';
   /** The key whose lease was lost. */
   readonly key: string;
 
@@ -68,6 +75,9 @@ export class LockLostError extends HaspError {
  * the same code, `RATE_LIMIT_UNAVAILABLE`.
  */
 export class RateLimitUnavailableError extends HaspError {
+  /** Always `'RATE_LIMIT_UNAVAILABLE'`, so that `instanceof` narrows the code too. */
+  declare readonly code: 'RATE_LIMIT_UNAVAILABLE';
+
   constructor(message: string, options?: { cause?: unknown }) {
     super('RATE_LIMIT_UNAVAILABLE', message, options);
   }

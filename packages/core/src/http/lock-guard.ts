@@ -1,6 +1,6 @@
 // withLock(): option resolution, the locker to use, the per-request owner (reentrancy), and the lock lifecycle
 // (acquire with auto-extension → map errors to HTTP → release exactly once), shared by the Express and Koa adapters.
-import { checkTtl } from '../lock/locker.js';
+import { checkTtl, defaultWait } from '../lock/locker.js';
 import { MemoryLock } from '../lock/memory-lock.js';
 import { assertClient, RedisLock } from '../lock/redis-lock.js';
 import { Redlock } from '../lock/redlock.js';
@@ -34,7 +34,7 @@ export interface WithLockBaseOptions {
   /**
    * Milliseconds to wait for a busy lock before answering 423. A client that disconnects while its request waits stops
    * the wait: the handler does not run, and the app's error handling gets a 499 (code `CLIENT_CLOSED_REQUEST`) for its
-   * logs. (Only with this option: a locker's own default wait is not watched.)
+   * logs. The same holds for a wait that comes from the `locker`'s own `wait` option.
    * @default the locker's wait (0: answer at once)
    */
   wait?: number | undefined;
@@ -223,7 +223,9 @@ export class LockGuard<Arg> {
     this.keyFn = key;
     this.locker = resolved.locker;
     this.using = resolved.using;
-    this.waits = (resolved.using.wait ?? 0) > 0;
+    // A locker's own default wait is a wait too: a client that leaves must stop it as it stops the option's. A locker
+    // hasp did not make may wait without telling: watch its requests as well (a listener per request, nothing more).
+    this.waits = (resolved.using.wait ?? defaultWait(resolved.locker) ?? 1) > 0;
   }
 
   /**

@@ -2,6 +2,7 @@
 // requests to a Redis that just failed, hands them to the onStoreError policy (with a per-process fallback bucket for
 // 'memory'), and goes back to Redis as soon as it answers: at once on the client's 'ready' event, or when a background
 // probe succeeds.
+import type { RateLimitUnavailableError } from '../errors.js';
 import { TokenBucket } from '../rate-limit/token-bucket.js';
 import { onNext, type EventSource } from '../redis/events.js';
 import { hashSlot } from '../redis/keys.js';
@@ -18,13 +19,14 @@ export interface BucketLike {
   peek(key: string, cost?: number): Promise<Decision>;
 }
 
-/** What a rate limiter's `onStoreState` hook hears: its Redis went down (with the failure), or answers again. */
-export interface StoreStateEvent {
-  /** `'down'`: a call failed, and requests follow `onStoreError` until Redis answers; `'up'`: it answers again. */
-  readonly state: 'down' | 'up';
-  /** The failure that took it down (a `RateLimitUnavailableError`, its `cause` kept); only with `'down'`. */
-  readonly error?: unknown;
-}
+/**
+ * What a rate limiter's `onStoreState` hook hears: its Redis went down (with the failure), or answers again.
+ * `state: 'down'`: a call failed, and requests follow `onStoreError` until Redis answers; `error` is that failure, a
+ * {@link RateLimitUnavailableError} with the underlying error as its `cause`. `state: 'up'`: Redis answers again.
+ */
+export type StoreStateEvent =
+  | { readonly state: 'down'; readonly error: RateLimitUnavailableError }
+  | { readonly state: 'up'; readonly error?: undefined };
 
 /** Ms between background probes of a Redis that failed without disconnecting (hung, paused, erroring scripts). */
 export const PROBE_INTERVAL_MS = 500;
@@ -35,7 +37,7 @@ export const PROBE_INTERVAL_MS = 500;
 const PROBE_COST = Number.MIN_VALUE;
 
 /** True for the error a bucket rejects with when its store failed (checked by code: module copies differ). */
-export function isStoreError(error: unknown): boolean {
+export function isStoreError(error: unknown): error is RateLimitUnavailableError {
   return (error as { code?: unknown } | null)?.code === 'RATE_LIMIT_UNAVAILABLE';
 }
 
@@ -115,7 +117,7 @@ export class StoreGuard {
   }
 
   /** Records a failed take of `key`: opens its circuit until Redis answers again (a probe on that key succeeds). */
-  failed(key: string, error?: unknown): void {
+  failed(key: string, error: RateLimitUnavailableError): void {
     const id = this.circuitOf(key);
     const c = this.open.get(id);
     if (c !== undefined) c.probeKey = key;

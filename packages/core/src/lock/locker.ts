@@ -79,6 +79,19 @@ export function checkTtl(locker: object, ttl: number): void {
   if (store !== undefined) usableTtl(store, ttl);
 }
 
+// Where a locker keeps its default wait for the middleware. Under a Symbol.for, so that a locker of the other module
+// copy (an app that both imports and requires core) tells it too.
+const DEFAULT_WAIT = Symbol.for('hasp.locker.defaultWait');
+
+/**
+ * For the middleware: the wait `locker`'s calls use when given none (its `wait` option), or `undefined` for a locker
+ * hasp did not make (a user's own `Locker`), whose calls may wait without saying so.
+ */
+export function defaultWait(locker: object): number | undefined {
+  const wait = (locker as { [DEFAULT_WAIT]?: unknown })[DEFAULT_WAIT];
+  return typeof wait === 'number' ? wait : undefined;
+}
+
 /** Adds `by` to `token`'s count in `counts`, dropping it at 0. */
 function count(counts: Map<string, number>, token: string, by: number): void {
   const n = (counts.get(token) ?? 0) + by;
@@ -124,6 +137,7 @@ export abstract class BaseLocker implements Locker {
     this.defaults = defaults;
     usableTtl(store, defaults.ttl);
     STORES.set(this, store);
+    Object.defineProperty(this, DEFAULT_WAIT, { value: defaults.wait });
     store.watchLeases?.((token) => this.handedLeases.has(token));
   }
 
