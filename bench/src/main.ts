@@ -10,7 +10,7 @@ import type { Framework, HttpServerJob, HttpVariant, Regime } from './http/apps.
 import type { LoadJob, LoadResult } from './http/load.js';
 import type { LockJob, ContendedResult, UncontendedResult } from './locks/run.js';
 import type { LockLibId, LockSpec } from './locks/libs.js';
-import type { HeapRow, RedisMemoryRow } from './memory.js';
+import type { HeapRow, HeapSubject, RedisMemoryRow } from './memory.js';
 import { forkChild, runChild } from './procs.js';
 import { type Config, type HttpResult, type Results, type Row, machine, readmeSection, render } from './report.js';
 import { medianRecord } from './stats.js';
@@ -19,6 +19,12 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 const RESULTS = path.join(HERE, '..', 'results');
 
 const argv = process.argv.slice(2);
+// Anything else (a typo, or `--only ceiling` with a space) would otherwise start a full run that replaces latest.md.
+for (const a of argv) {
+  if (!['--quick', '--readme', '--render'].includes(a) && !/^--(?:only|match)=./.test(a)) {
+    throw new Error(`unknown argument "${a}": expected --quick, --only=<sections>, --match=<text>, --readme, --render (see bench/README.md)`);
+  }
+}
 const QUICK = argv.includes('--quick') || process.env.BENCH_QUICK === '1';
 /** `--readme`: after a full run, replace the "## Benchmarks" section at the end of the root README.md. */
 const README = argv.includes('--readme');
@@ -127,6 +133,8 @@ async function ceiling(node: RedisNode): Promise<Results['ceiling']> {
   await loadScripts(node.port);
   const cases: CeilingCase[] = [];
   for (const pipeline of [1, 16]) for (const id of ['set-nx-px', 'evalsha-acquire', 'evalsha-take'] as const) cases.push({ id, pipeline });
+  // What hasp sends under load: calls merged into one command (instead of pipelined).
+  for (const id of ['merged-acquire', 'merged-take'] as const) cases.push({ id, pipeline: 1 });
   const results = await interleaved(
     'ceiling',
     cases,
@@ -245,22 +253,39 @@ async function httpCases(node: RedisNode): Promise<Results['http']> {
   return rowsOf(results);
 }
 
+type MemoryCase = { kind: 'redis-bytes' } | { kind: 'heap'; subject: HeapSubject };
+
 async function memory(node: RedisNode): Promise<Results['memory']> {
-  log('memory: Redis bytes per key');
-  await node.flush();
-  const redis = await runChild<RedisMemoryRow[]>({ kind: 'redis-memory', port: node.port }, 60_000);
-  await node.flush();
   const { requests, keys } = CONFIG.heap;
-  log(`memory: Node heap, ${requests} requests over ${keys} keys, in-memory rateLimit`);
+  const cases: MemoryCase[] = [{ kind: 'redis-bytes' }, ...(['bucket', 'express', 'koa'] as const).map((subject) => ({ kind: 'heap' as const, subject }))];
+  const results = await interleaved(
+    'memory',
+    cases,
+    (c) => (c.kind === 'redis-bytes' ? 'redis bytes per key' : `heap ${c.subject}, ${requests} requests over ${keys} keys`),
+    async (c): Promise<RedisMemoryRow[] | HeapRow> => {
+      if (c.kind === 'heap') return runChild<HeapRow>({ kind: 'heap', subject: c.subject, requests, keys }, 240_000, { nodeArgs: ['--expose-gc'] });
+      await node.flush();
+      try {
+        return await runChild<RedisMemoryRow[]>({ kind: 'redis-memory', port: node.port }, 60_000);
+      } finally {
+        await node.flush();
+      }
+    },
+  );
+  const redis: RedisMemoryRow[] = [];
   const heap: HeapRow[] = [];
-  for (const subject of ['bucket', 'express', 'koa'] as const) {
-    heap.push(await runChild<HeapRow>({ kind: 'heap', subject, requests, keys }, 240_000, { nodeArgs: ['--expose-gc'] }));
-  }
-  return { redis, heap };
+  results.cases.forEach((c, i) => {
+    const runs = results.results[i]!.runs;
+    if (runs.length === 0) return;
+    if (c.kind === 'heap') heap.push(medianRecord(runs as HeapRow[]));
+    // Row by row: the same operations in the same order every run (bytes are exact; the median only guards a stray run).
+    else redis.push(...(runs[0] as RedisMemoryRow[]).map((row, r) => medianRecord((runs as RedisMemoryRow[][]).map((run) => run[r]!))));
+  });
+  return { redis, heap, runs: results.cases.length ? CONFIG.rounds : 0 };
 }
 
 async function main(): Promise<void> {
-  log(`${QUICK ? 'quick smoke run' : 'full run'}: ${[...ONLY].join(', ')}; starting 5 redis-server processes`);
+  log(`${QUICK ? 'quick smoke run' : FULL ? 'full run' : 'partial run'}: ${[...ONLY].join(', ')}; starting 5 redis-server processes`);
   const nodes = await startRedisNodes(5);
   const meta = await machine(nodes[0]!.port, QUICK ? 'pnpm bench --quick' : 'pnpm bench');
   const results: Results = { meta, config: CONFIG, ceiling: [], uncontended: [], contended: [], http: [], memory: null };
@@ -302,7 +327,10 @@ function writeReadme(results: Results): void {
 
 /** `--render`: rebuild results/latest.md (and with `--readme` the README section) from results/latest.json, running nothing. */
 function renderOnly(): void {
-  const results = JSON.parse(fs.readFileSync(path.join(RESULTS, 'latest.json'), 'utf8')) as Results;
+  const file = path.join(RESULTS, 'latest.json');
+  // The JSON is not committed: only a full run on this checkout writes it.
+  if (!fs.existsSync(file)) throw new Error(`${file} not found: --render re-renders what a full run on this checkout wrote (the JSON is not committed); run \`pnpm bench\` first`);
+  const results = JSON.parse(fs.readFileSync(file, 'utf8')) as Results;
   fs.writeFileSync(path.join(RESULTS, 'latest.md'), render(results));
   if (README) writeReadme(results);
   log('re-rendered bench/results/latest.md from latest.json');

@@ -4,7 +4,8 @@ import { execFileSync } from 'node:child_process';
 import os from 'node:os';
 import { Redis } from 'ioredis';
 import { CEILING_LABELS, type CeilingCase, type CeilingResult } from './ceiling.js';
-import type { Framework, HttpVariant, Regime } from './http/apps.js';
+import type { Framework, HttpVariant } from './http/apps.js';
+import { LIMITS, type Regime } from './http/limits.js';
 import type { LoadResult } from './http/load.js';
 import { isHasp, type LockSpec, lockLabel } from './locks/libs.js';
 import type { ContendedResult, UncontendedResult } from './locks/run.js';
@@ -63,7 +64,8 @@ export interface Results {
   uncontended: Row<LockSpec, UncontendedResult>[];
   contended: Row<LockSpec, ContendedResult>[];
   http: Row<HttpCaseSpec, HttpResult>[];
-  memory: { redis: RedisMemoryRow[]; heap: HeapRow[] } | null;
+  /** `runs`: how many runs each memory case's medians are of (absent in reports of earlier versions: one). */
+  memory: { redis: RedisMemoryRow[]; heap: HeapRow[]; runs?: number } | null;
 }
 
 /** What the run ran on, so numbers from different machines are never compared by accident. */
@@ -147,11 +149,43 @@ function bestPeer(rows: Row<LockSpec, UncontendedResult>[], nodes: number): Row<
     .sort((a, b) => b.median!.cyclesPerSec - a.median!.cyclesPerSec)[0];
 }
 
+/**
+ * Peers among `rows` with no figure (every run failed): a "best peer" or "ahead of every peer" judgment without them
+ * could be against the wrong peer, so such a target is not judged, and says why.
+ */
+function missing<C, R>(rows: Row<C, R>[], name: (c: C) => string): string {
+  const gone = rows.filter((r) => !r.median).map((r) => name(r.case));
+  return gone.length ? `; not judged: ${gone.join(', ')} failed every run` : '';
+}
+
 function httpRow(rows: Results['http'], framework: Framework, variant: HttpVariant, regime: Regime): HttpResult | undefined {
   return rows.find((r) => r.case.framework === framework && r.case.variant === variant && (variant === 'bare' || r.case.regime === regime))?.median ?? undefined;
 }
 
-/** The issue's targets, judged from this run's medians; `pass: null` when the case did not run. */
+/** GC noise allowed in the heap check: what pass 2 may add to the heap after GC, MB. */
+const HEAP_SLACK_MB = 2;
+
+/** A contended run's fairness: fewest ÷ most critical sections per worker (reports of earlier versions lack the field). */
+function fairness(x: ContendedResult): number {
+  return x.fairness ?? (x.perWorkerMax > 0 ? x.perWorkerMin / x.perWorkerMax : 0);
+}
+
+/**
+ * The most 2xx a `flooded` run may hold: hasp's bucket holds at most `capacity` at the window's start and refills at
+ * its rate (one second of refill of slack for the window's edges); the peers count fixed windows, which admit up to
+ * twice the limit across a window boundary.
+ */
+function floodedAdmissionCap(variant: HttpVariant, seconds: number): number {
+  const { capacity, perMinute } = LIMITS.flooded;
+  return variant === 'hasp' ? capacity + (perMinute / 60) * (seconds + 1) : 2 * perMinute;
+}
+
+function maxAdmitted(rows: Results['http']): string {
+  const n = rows.filter((r) => r.case.variant === 'hasp' && r.case.regime === 'flooded').flatMap((r) => r.runs.map((x) => x.admitted ?? NaN));
+  return n.length && n.every(Number.isFinite) ? String(Math.max(...n)) : 'n/a';
+}
+
+/** The issue's targets, judged from this run's medians (or every run, where one bad run fails it); `pass: null` when the case did not run. */
 export function targets(res: Results): Target[] {
   const out: Target[] = [];
   const add = (name: string, measured: string, pass: boolean | null) => out.push({ name, measured, pass });
@@ -164,10 +198,14 @@ export function targets(res: Results): Target[] {
       const hasp = res.uncontended.find((r) => r.case.lib === lib && r.case.nodes === nodes)?.median;
       const peer = bestPeer(res.uncontended, nodes);
       const r = hasp && peer ? hasp.cyclesPerSec / peer.median!.cyclesPerSec : NaN;
+      const gone = missing(
+        res.uncontended.filter((x) => x.case.nodes === nodes && !isHasp(x.case.lib)),
+        lockLabel,
+      );
       add(
         `Locks uncontended, ${nodes} node${nodes > 1 ? 's' : ''}: ${lib === 'hasp' ? 'RedisLock' : 'Redlock'} ≥ ${need}× the best peer`,
-        peer ? `${int(hasp?.cyclesPerSec)} vs ${int(peer.median!.cyclesPerSec)} cycles/s (${lockLabel(peer.case)}) = ${ratio(r)}` : 'n/a',
-        Number.isFinite(r) ? r >= need : null,
+        (peer ? `${int(hasp?.cyclesPerSec)} vs ${int(peer.median!.cyclesPerSec)} cycles/s (${lockLabel(peer.case)}) = ${ratio(r)}` : 'n/a') + gone,
+        Number.isFinite(r) && !gone ? r >= need : null,
       );
     }
   }
@@ -177,9 +215,16 @@ export function targets(res: Results): Target[] {
     const local = res.contended.find((r) => r.case.lib === 'local')?.median;
     const ok = (b: boolean) => (hasp ? b : null);
     add('Contended (RedisLock, 8 workers, 1 ms hold): wait p99 ≤ 20 ms', `${ms(hasp?.waitP99)} ms`, ok((hasp?.waitP99 ?? Infinity) <= 20));
-    add('Contended: no failed acquisitions within `wait`', `${int(hasp?.failures)} failed`, ok(hasp?.failures === 0));
-    const fair = hasp ? hasp.perWorkerMin / hasp.perWorkerMax : NaN;
-    add('Contended: no worker below 0.7× the busiest', `min/max = ${int(hasp?.perWorkerMin)}/${int(hasp?.perWorkerMax)} = ${ratio(fair)}`, ok(fair >= 0.7));
+    // Judged on every run, not on the median: one run with failures (or starved workers) is a failure.
+    const haspRuns = res.contended.find((r) => r.case.lib === 'hasp' && single(r.case))?.runs ?? [];
+    const failedAll = haspRuns.reduce((n, x) => n + x.failures, 0);
+    add('Contended: no failed acquisitions within `wait`', `${int(failedAll)} failed (all runs)`, ok(failedAll === 0));
+    const fair = Math.min(...haspRuns.map(fairness));
+    add(
+      'Contended: no worker below 0.7× the busiest',
+      `min/max = ${int(hasp?.perWorkerMin)}/${int(hasp?.perWorkerMax)} (median run); least fair run ${ratio(fair)}`,
+      ok(fair >= 0.7),
+    );
     const share = hasp && local ? hasp.sectionsPerSec / local.sectionsPerSec : NaN;
     add(
       'Contended: critical sections/s within 10% of the 1 ms-hold ceiling (in-process mutex, same run)',
@@ -193,10 +238,10 @@ export function targets(res: Results): Target[] {
       const row = res.contended.find((r) => r.case.lib === lib && !single(r.case));
       if (!row) continue;
       const m = row.median;
-      const f = m ? m.perWorkerMin / m.perWorkerMax : NaN;
+      const f = Math.min(...row.runs.map(fairness));
       add(
         `(check) Contended, ${lockLabel(row.case)}: no worker below 0.7× the busiest`,
-        `min/max = ${int(m?.perWorkerMin)}/${int(m?.perWorkerMax)} = ${ratio(f)}`,
+        `min/max = ${int(m?.perWorkerMin)}/${int(m?.perWorkerMax)} (median run); least fair run ${ratio(f)}`,
         m ? f >= 0.7 : null,
       );
     }
@@ -216,37 +261,53 @@ export function targets(res: Results): Target[] {
         add(`HTTP ${regime}, ${FRAMEWORK_NAME[framework]}: hasp ≥ ${want}× bare`, `${int(hasp?.reqPerSec)} vs ${int(bare?.reqPerSec)} req/s = ${ratio(r)}${context}`, Number.isFinite(r) ? r >= want : null);
       }
       const hasp = httpRow(res.http, framework, 'hasp', 'allowed');
-      const peers = res.http.filter((r) => r.case.framework === framework && r.case.regime === 'allowed' && !NOT_PEERS.includes(r.case.variant) && r.median);
-      const best = peers.sort((a, b) => b.median!.reqPerSec - a.median!.reqPerSec)[0];
+      const all = res.http.filter((r) => r.case.framework === framework && r.case.regime === 'allowed' && !NOT_PEERS.includes(r.case.variant));
+      const best = all.filter((r) => r.median).sort((a, b) => b.median!.reqPerSec - a.median!.reqPerSec)[0];
       const r = hasp && best ? hasp.reqPerSec / best.median!.reqPerSec : NaN;
+      const gone = missing(all, (c) => VARIANT_NAME[c.variant]);
       add(
         `HTTP allowed, ${FRAMEWORK_NAME[framework]}: hasp ahead of every peer`,
-        best ? `${int(hasp?.reqPerSec)} vs ${int(best.median!.reqPerSec)} req/s (${VARIANT_NAME[best.case.variant]}) = ${ratio(r)}` : 'n/a',
-        Number.isFinite(r) ? r > 1 : null,
+        (best ? `${int(hasp?.reqPerSec)} vs ${int(best.median!.reqPerSec)} req/s (${VARIANT_NAME[best.case.variant]}) = ${ratio(r)}` : 'n/a') + gone,
+        Number.isFinite(r) && !gone ? r > 1 : null,
       );
     }
   }
 
   if (res.http.length) {
-    // Not a target but a validity check: the regimes did what they claim, and nothing failed.
+    // Not a target but a validity check: the regimes did what they claim, and nothing failed. In `flooded` a limiter
+    // must also admit no more than its limit allows in the measured window (a share of 429s alone would pass a limiter
+    // admitting a thousand times its budget).
+    const seconds = res.config.http.seconds;
     const bad = res.http.flatMap((r) =>
       r.runs
-        .filter((x) => x.errors > 0 || x.otherShare > 0 || (r.case.regime === 'flooded' && r.case.variant !== 'bare' ? x.limitedShare < 0.95 : x.limitedShare > 0))
-        .map(() => `${r.case.framework} ${r.case.variant} ${r.case.regime}`),
+        .filter((x) => {
+          if (x.errors > 0 || x.otherShare > 0) return true;
+          if (r.case.regime !== 'flooded' || r.case.variant === 'bare') return x.limitedShare > 0;
+          const cap = floodedAdmissionCap(r.case.variant, seconds);
+          return x.limitedShare < 0.95 || (x.admitted !== undefined && x.admitted > cap);
+        })
+        .map((x) => `${r.case.framework} ${r.case.variant} ${r.case.regime}${x.admitted === undefined ? '' : ` (${x.admitted} admitted)`}`),
     );
-    add('(check) HTTP runs valid: allowed 0% 429, flooded ≥ 95% 429, no errors, no other non-2xx', bad.length ? `invalid: ${[...new Set(bad)].join(', ')}` : 'all runs valid', bad.length === 0);
+    add(
+      '(check) HTTP runs valid: allowed 0% 429; flooded ≥ 95% 429 and no more admitted than the limit allows; no errors, no other non-2xx',
+      bad.length ? `invalid: ${[...new Set(bad)].join(', ')}` : `all runs valid (flooded hasp admitted at most ${maxAdmitted(res.http)} per run)`,
+      bad.length === 0,
+    );
   }
 
   if (res.memory) {
     const bucket = res.memory.redis.find((r) => r.what.startsWith('hasp TokenBucket'));
     add('Redis memory per bucket ≤ 80 bytes', bucket ? `${bucket.bytesAfter1} bytes (${bucket.keys.length} key)` : 'n/a', bucket ? bucket.bytesAfter1 <= 80 : null);
     for (const h of res.memory.heap) {
-      // Bounded: a second pass over as many new keys must not grow the retained heap (25% + 2 MB of slack for noise).
-      const bounded = h.afterGc2 <= h.afterGc1 * 1.25 + 2;
+      // Bounded: pass 2 over as many new keys must not add to what pass 1 left (after GC). A store that kept every
+      // bucket adds pass 2's (about 14 MB for 200,000 keys, measured with the store's sweep turned off), where a bounded
+      // one adds nothing; 2 MB of slack for GC noise. (Not relative to the heap: the key strings the driver holds make
+      // it large enough that a slack in proportion hid an unbounded store.)
+      const growth = h.afterGc2 - h.afterGc1;
       add(
-        `Heap bounded: ${h.what}, ${int(h.requests)} requests over ${int(h.keys)} keys, then as many over new keys`,
-        `retained ${mb(h.afterGc1 - h.before)} MB after pass 1, ${mb(h.afterGc2 - h.before)} MB after pass 2`,
-        bounded,
+        `Heap bounded: ${h.what}, ${int(h.requests)} requests over ${int(h.keys)} keys, then as many over new keys: pass 2 adds ≤ ${HEAP_SLACK_MB} MB`,
+        `retained ${mb(h.afterGc1 - h.before)} MB after pass 1, ${mb(h.afterGc2 - h.before)} MB after pass 2: pass 2 added ${mb(growth)} MB`,
+        growth <= HEAP_SLACK_MB,
       );
     }
   }
@@ -266,7 +327,7 @@ function metaSection(res: Results): string {
     `- Machine: ${m.cpu}, ${m.cores} cores, ${m.memoryGb} GB RAM, ${m.os}`,
     `- Software: Node ${m.node}, Redis ${m.redis}, hasp at ${m.commit}`,
     `- Command: \`${m.command}\` (${m.seconds ?? '?'} s); load average before ${m.loadBefore.join(' / ')}, after ${m.loadAfter?.join(' / ') ?? '?'}`,
-    `- Method: every case ran ${c.rounds}× (HTTP cases ${c.httpRounds}×) interleaved (round order reversed each round); figures are the median of the runs. ` +
+    `- Method: every case ran ${c.rounds}× (HTTP cases ${c.httpRounds}×${res.memory && (res.memory.runs ?? 1) !== c.rounds ? `, memory cases ${res.memory.runs ?? 1}×` : ''}) interleaved (round order reversed each round); figures are the median of the runs. ` +
       'Servers (redis-server, the HTTP app) and load generators (lock workers, autocannon) are separate processes, all on this one machine over loopback. ' +
       'Every ratio compares with a baseline measured in the same run.',
   ].join('\n');
@@ -434,7 +495,8 @@ function memorySection(res: Results): string {
     '',
     `Pass 2 drives ${int(res.config.heap.keys)} new keys after pass 1's buckets refilled. Capacity 10, 10/s: a bucket is full ` +
       'again (and may be forgotten) at most 0.5 s after its last take, so a bounded store holds only recently active keys ' +
-      "and pass 2 must not add pass 1's keys on top.",
+      "and pass 2 must not add pass 1's keys on top. The heap also holds the driver's key strings (three sets), the same " +
+      'in every figure.',
     '',
     table(
       ['limiter', 'requests per pass', 'keys', 'before', 'after pass 1', 'after GC', 'after pass 2', 'after GC', 'after GC × before', 'pass 1 time'],
@@ -543,7 +605,8 @@ export function render(res: Results): string {
 export function readmeSection(res: Results): string {
   const m = res.meta;
   const t = targets(res).filter((x) => !x.name.startsWith('(check)'));
-  const failing = t.filter((x) => x.pass === false).length;
+  const passing = t.filter((x) => x.pass === true).length;
+  const unjudged = t.filter((x) => x.pass === null).length;
   return [
     '## Benchmarks',
     '',
@@ -555,7 +618,7 @@ export function readmeSection(res: Results): string {
     '',
     headline(res),
     '',
-    `Targets: ${t.length - failing} of ${t.length} pass. All tables, CPU per operation and the targets: ` +
+    `Targets: ${passing} of ${t.length} pass${unjudged ? ` (${unjudged} not run or not judged)` : ''}. All tables, CPU per operation and the targets: ` +
       '[bench/results/latest.md](bench/results/latest.md). Reproduce with `pnpm bench` (about 7 minutes; ' +
       '`pnpm bench --quick` for a two-minute smoke run).',
     '',

@@ -12,14 +12,15 @@ import Koa, { type Middleware } from 'koa';
 import koaRatelimit from 'koa-ratelimit';
 import { RedisStore, type RedisReply } from 'rate-limit-redis';
 import { RateLimiterRedis } from 'rate-limiter-flexible';
+import { LIMITS, type Regime } from './limits.js';
 
+export { LIMITS, type Regime };
 export type Framework = 'express' | 'koa';
 /**
  * `redis-get` is no limiter but a floor: one plain GET of the request's key per request, on an auto-pipelining client,
  * so what any limiter that asks Redis once per request costs at least, before doing anything.
  */
 export type HttpVariant = 'bare' | 'hasp' | 'erl' | 'rlf' | 'koa-ratelimit' | 'hasp-lock' | 'redis-get';
-export type Regime = 'allowed' | 'flooded';
 
 export interface HttpServerJob {
   framework: Framework;
@@ -28,11 +29,6 @@ export interface HttpServerJob {
   redisPort: number;
 }
 
-/** Per-key limits: `allowed` never limits anyone; `flooded` lets 100 requests a minute through for the one key. */
-export const LIMITS: Record<Regime, { capacity: number; perMinute: number }> = {
-  allowed: { capacity: 1_000_000, perMinute: 1_000_000 },
-  flooded: { capacity: 100, perMinute: 100 },
-};
 
 const header = (h: http.IncomingHttpHeaders): string | undefined => h['x-key'] as string | undefined;
 
@@ -52,6 +48,11 @@ export async function startServer(job: HttpServerJob): Promise<{ port: number; c
       redis.disconnect();
     },
   };
+}
+
+/** rate-limiter-flexible on Redis, as its README sets it up against floods: keys over their points blocked in memory. */
+function rlfLimiter(redis: Redis, perMinute: number): RateLimiterRedis {
+  return new RateLimiterRedis({ storeClient: redis, points: perMinute, duration: 60, inMemoryBlockOnConsumed: perMinute });
 }
 
 function expressApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: number): http.RequestListener {
@@ -83,8 +84,9 @@ function expressApp(job: HttpServerJob, redis: Redis, capacity: number, perMinut
       });
       break;
     case 'rlf': {
-      // The Express middleware from rate-limiter-flexible's README.
-      const limiter = new RateLimiterRedis({ storeClient: redis, points: perMinute, duration: 60 });
+      // The Express middleware from rate-limiter-flexible's README, with the in-memory block its README recommends
+      // ("avoid extra requests to store"): a key over its points is refused from memory until its window ends.
+      const limiter = rlfLimiter(redis, perMinute);
       mw = (req, res, next) => {
         limiter
           .consume(header(req.headers) ?? '')
@@ -128,8 +130,8 @@ function koaApp(job: HttpServerJob, redis: Redis, capacity: number, perMinute: n
       break;
     }
     case 'rlf': {
-      // The Koa middleware from rate-limiter-flexible's README.
-      const limiter = new RateLimiterRedis({ storeClient: redis, points: perMinute, duration: 60 });
+      // The Koa middleware from rate-limiter-flexible's README (with its in-memory block, as for Express).
+      const limiter = rlfLimiter(redis, perMinute);
       mw = async (ctx, next) => {
         try {
           await limiter.consume(header(ctx.headers) ?? '');

@@ -22,6 +22,8 @@ export interface LoadResult {
   errors: number;
   /** Requests the measured run completed (all status codes). */
   requests: number;
+  /** 2xx responses in the measured run: in `flooded`, what the limiter let through (absent in earlier reports). */
+  admitted?: number;
 }
 
 function run(job: LoadJob, seconds: number): Promise<autocannon.Result> {
@@ -60,5 +62,6 @@ export async function runLoad(job: LoadJob, between: () => Promise<void> = async
     otherShare: total ? (total - ok - limited) / total : 0,
     errors: r.errors + r.timeouts,
     requests: total,
+    admitted: ok,
   };
 }

@@ -368,6 +368,34 @@ export function sendNow(client: RedisClient): void {
   writeNow(client);
 }
 
+/**
+ * The one command that runs `calls` (two or more, of bundled scripts): the batch form of their script when they all
+ * share one, else the bundle. Exported for the benchmark, which measures the server on what hasp really sends.
+ */
+export function mergedCommand(calls: readonly Pick<Call, 'script' | 'keys' | 'args'>[]): {
+  form: BatchForm | undefined;
+  script: Script;
+  keys: string[];
+  args: (string | number)[];
+} {
+  const form = batchFormOf(calls);
+  // Both forms take every call's keys in order; they differ in how they lay out the arguments.
+  const keys: string[] = [];
+  for (const c of calls) for (const k of c.keys) keys.push(k);
+  let args: (string | number)[];
+  if (form !== undefined) {
+    args = calls[0]!.args.slice(0, form.shared);
+    for (const c of calls) for (let j = form.shared; j < form.args; j++) args.push(c.args[j]!);
+  } else {
+    args = [calls.length];
+    for (const c of calls) args.push(c.script.index + FIELD * c.keys.length + FIELD * FIELD * c.args.length);
+    for (const c of calls) for (const a of c.args) args.push(a);
+  }
+  const script = form?.script ?? bundleOf(calls[0]!.script);
+  if (script === undefined) throw new Error('mergedCommand: a script that is not bundled');
+  return { form, script, keys, args };
+}
+
 function flushBatch(batch: Batch, late = false): void {
   // Already sent (it filled up, or a call that cannot join it flushed it): the timer has nothing left to do.
   if (open.get(batch.stream) !== batch) return;
@@ -389,23 +417,11 @@ function flushBatch(batch: Batch, late = false): void {
     return;
   }
   const n = calls.length;
-  const form = batchFormOf(calls);
-  // Both forms take every call's keys in order; they differ in how they lay out the arguments.
-  const keys: string[] = [];
-  for (const c of calls) for (const k of c.keys) keys.push(k);
-  let args: (string | number)[];
-  if (form !== undefined) {
-    args = calls[0]!.args.slice(0, form.shared);
-    for (const c of calls) for (let j = form.shared; j < form.args; j++) args.push(c.args[j]!);
-  } else {
-    args = [n];
-    for (const c of calls) args.push(c.script.index + FIELD * c.keys.length + FIELD * FIELD * c.args.length);
-    for (const c of calls) for (const a of c.args) args.push(a);
-  }
+  const { form, script, keys, args } = mergedCommand(calls);
   let pending: Promise<unknown>;
   if (!late) batchWrites(client, n);
   try {
-    pending = (form?.script ?? bundle!.script).send(client, keys, args);
+    pending = script.send(client, keys, args);
   } catch (error) {
     for (const c of calls) c.reject(error);
     return;
@@ -437,7 +453,7 @@ function flushBatch(batch: Batch, late = false): void {
 }
 
 /** The batch form all of `calls` can share, if any: one script, the same shape, the same leading arguments. */
-function batchFormOf(calls: readonly Call[]): BatchForm | undefined {
+function batchFormOf(calls: readonly Pick<Call, 'script' | 'keys' | 'args'>[]): BatchForm | undefined {
   const script = calls[0]!.script;
   const form = script.batch;
   if (form === undefined) return undefined;
