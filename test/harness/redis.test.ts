@@ -1,5 +1,5 @@
 // Tests of the redis-server harness itself: start, pause/resume, kill/restart, cluster, cleanup.
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -14,6 +14,8 @@ import {
   stopAll,
   type RedisNode,
 } from './redis.js';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
 
 /** Every pid the tests saw, checked dead after stopAll. */
 const seenPids = new Set<number>();
@@ -183,3 +185,78 @@ describe('stopAll', () => {
     for (const dir of seenDirs) expect(fs.existsSync(dir), dir).toBe(false);
   });
 });
+
+// The in-process hooks cannot run when the process is killed outright, or when a vitest worker is left behind by its
+// main process (vitest then keeps it spinning rather than exiting): a watcher outside the process ends the servers.
+describe('a process that cannot clean up', () => {
+  /** Dead, or a zombie waiting for its parent to collect it. */
+  function gone(pid: number): boolean {
+    try {
+      process.kill(pid, 0);
+    } catch {
+      return true;
+    }
+    try {
+      return /^\d+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, 'utf8'));
+    } catch {
+      return true;
+    }
+  }
+
+  async function waitGone(pids: number[], what: string): Promise<void> {
+    const deadline = Date.now() + 15_000;
+    while (!pids.every(gone)) {
+      if (Date.now() > deadline) throw new Error(`${what} still running 15 s later: ${pids.filter((p) => !gone(p)).join(', ')}`);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+
+  /** Starts watch-child.ts and resolves its first line plus the process started here. */
+  async function launchChild(args: string[]): Promise<{ started: ReturnType<typeof spawn>; line: { pid: number; server: number } }> {
+    const started = spawn(process.execPath, ['--import', 'tsx', path.join(HERE, 'watch-child.ts'), ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const line = await new Promise<{ pid: number; server: number }>((resolve, reject) => {
+      let text = '';
+      started.stdout!.on('data', (chunk: Buffer) => {
+        text += chunk.toString('utf8');
+        const nl = text.indexOf('\n');
+        if (nl >= 0) resolve(JSON.parse(text.slice(0, nl)) as { pid: number; server: number });
+      });
+      started.once('exit', (code) => reject(new Error(`watch-child exited (${code}) before it started its server`)));
+    });
+    return { started, line };
+  }
+
+  /** Ends what a failed test left: only these PIDs, which this test started. */
+  function cleanUp(pids: number[]): void {
+    for (const pid of pids) {
+      try {
+        if (!gone(pid)) process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone meanwhile
+      }
+    }
+  }
+
+  it('its servers die when it is killed with SIGKILL', async () => {
+    const { started, line } = await launchChild([]);
+    try {
+      expect(gone(line.server)).toBe(false);
+      started.kill('SIGKILL');
+      await waitGone([line.server], 'the redis-server of a process killed with SIGKILL');
+    } finally {
+      cleanUp([line.pid, line.server]);
+    }
+  });
+
+  it('its servers and the process itself end when its parent dies (an orphaned vitest worker)', async () => {
+    const { started, line } = await launchChild(['--spawn']);
+    try {
+      expect(gone(line.server)).toBe(false);
+      started.kill('SIGKILL');
+      await waitGone([line.server, line.pid], 'the orphaned process and its redis-server');
+    } finally {
+      cleanUp([line.pid, line.server]);
+    }
+  });
+});
+

@@ -134,18 +134,80 @@ function killLiveChildrenSync(): void {
       // already gone
     }
   }
+  liveChildren.clear();
+  recordLiveChildren();
   for (const node of liveNodes) fs.rmSync(node.dir, { recursive: true, force: true, maxRetries: 2 });
+}
+
+// The hooks below run only if this process gets to run them. When it cannot (SIGKILL; a vitest worker whose main
+// process ended, which vitest leaves spinning on its closed channel instead of exiting), a watcher outside it does the
+// same: a shell started once per process, detached, that reads our children's PIDs from a file when this process is
+// gone or orphaned (its parent changed), kills those still running redis-server or redis-cli, and ends an orphaned
+// process too. The file lists live children only (rewritten on every start and exit), so a PID reused since is never in
+// it for long.
+const PID_FILE = path.join(os.tmpdir(), `hasp-harness-${process.pid}.pids`);
+
+function recordLiveChildren(): void {
+  try {
+    const pids = [...liveChildren].map((c) => c.pid).filter((pid) => pid !== undefined);
+    if (pids.length) fs.writeFileSync(PID_FILE, `${pids.join('\n')}\n`);
+    else fs.rmSync(PID_FILE, { force: true });
+  } catch {
+    // tmpdir not writable: the in-process hooks still run
+  }
+}
+
+/** The watcher's script: `sh -c WATCHER hasp-harness-watch <pid> <parent pid> <pid file>`. */
+const WATCHER = String.raw`
+w=$1; p=$2; f=$3
+parent() { if [ -r /proc/$1/stat ]; then sed 's/^.*) [A-Za-z] \([0-9]*\).*$/\1/' /proc/$1/stat; else ps -o ppid= -p "$1" | tr -d ' '; fi; }
+cmdline() { if [ -r /proc/$1/cmdline ]; then tr '\000' ' ' < /proc/$1/cmdline; else ps -o command= -p "$1"; fi; }
+while kill -0 "$w" 2>/dev/null; do
+  q=$(parent "$w" 2>/dev/null)
+  # Orphaned: ended first, so that it starts no server after the file is read (fault tests restart theirs).
+  if [ -n "$q" ] && [ "$q" != "$p" ]; then kill -9 "$w" 2>/dev/null; sleep 1; break; fi
+  sleep 1
+done
+if [ -f "$f" ]; then
+  while read -r c; do
+    case "$(cmdline "$c" 2>/dev/null)" in *redis-server*|*redis-cli*) kill -9 "$c" 2>/dev/null ;; esac
+  done < "$f"
+  rm -f "$f"
+fi
+`;
+
+function startWatcher(): void {
+  try {
+    const watcher = spawn('sh', ['-c', WATCHER, 'hasp-harness-watch', String(process.pid), String(process.ppid), PID_FILE], {
+      detached: true,
+      stdio: 'ignore',
+    });
+    watcher.on('error', () => undefined);
+    watcher.unref();
+  } catch {
+    // no sh: the in-process hooks still run
+  }
 }
 
 /**
  * Makes sure our servers die with this process. 'exit' covers normal ends and
  * crashes; the signal handlers cover vitest, which ends fork workers with
  * SIGTERM (no 'exit' event then). A handler re-raises its signal when it is
- * the only listener, so the default action (termination) is kept.
+ * the only listener, so the default action (termination) is kept. The watcher
+ * covers the rest (see startWatcher).
  */
+/**
+ * Starts this process's watcher now (see startWatcher), whether or not it starts servers itself: for a vitest worker,
+ * whose test may start them in a child process (the soak), and which must not outlive vitest's main process.
+ */
+export function watchThisProcess(): void {
+  installExitHooks();
+}
+
 function installExitHooks(): void {
   if (exitHooksInstalled) return;
   exitHooksInstalled = true;
+  startWatcher();
   process.on('exit', killLiveChildrenSync);
   for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
     const onSignal = (): void => {
@@ -181,10 +243,14 @@ function spawnTracked(file: string, args: string[]): Proc {
   child.stderr?.on('data', collect);
   // A spawn failure (ENOENT, EACCES) or an undeliverable signal; the former also ends in 'close'.
   child.on('error', (err) => collect(Buffer.from(`\n[harness] ${err.message}\n`)));
-  if (child.pid !== undefined) liveChildren.add(child);
+  if (child.pid !== undefined) {
+    liveChildren.add(child);
+    recordLiveChildren();
+  }
   const exited = new Promise<void>((resolve) => {
     child.once('exit', () => {
       liveChildren.delete(child);
+      recordLiveChildren();
       resolve();
     });
     // spawn errors emit 'close' but never 'exit'

@@ -174,8 +174,9 @@ describe('Redlock waiting line', () => {
     // workers of whichever process happened to be faster did up to 1.5× the others' sections here, up to 3× in the
     // benchmark's setting.)
     expect(least / most, `sections per worker: ${perWorker.join(', ')}`).toBeGreaterThanOrEqual(0.9);
-    // Each waits for the seven others' turns, not for a poll or a lucky race.
-    expect(longestWait).toBeLessThan(1_000);
+    // Each waits for the seven others' turns (86–251 ms measured), not for a string of lost races, which would run into
+    // seconds. The bound has slack for a loaded machine (a reviewer saw 1.2 s once at a load average of 8).
+    expect(longestWait).toBeLessThan(3_000);
   });
 
   it('takes a waiter that gives up out of the line on every node, so the next one gets the lock at the release', async () => {

@@ -13,7 +13,8 @@ it(`soaks ${SECONDS} s of lock and limit traffic with faults: no violations, and
     cwd: root,
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  // On a timeout, end the soak with SIGTERM: its harness then kills the redis-server processes it started.
+  // On a timeout, end the soak with SIGTERM: its harness then kills the redis-server processes it started. (If this
+  // worker dies instead, the soak's harness watcher sees it orphaned and ends it and its servers.)
   onTestFinished(() => {
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
   });

@@ -86,6 +86,9 @@ const locks = new LockChecker();
 const buckets = new BucketChecker(CAPACITY, RATE);
 const unhandled = countUnhandled();
 const uncaught: unknown[] = [];
+// Whoever reads our output is gone (the test's worker was killed): every write fails with EPIPE, and reporting that
+// failure fails again. Stop instead; the harness's exit hook ends the servers.
+for (const stream of [process.stdout, process.stderr]) stream.on('error', () => process.exit(2));
 process.on('uncaughtException', (error) => {
   uncaught.push(error);
   console.error('soak: uncaught exception', error);
