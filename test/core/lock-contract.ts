@@ -97,6 +97,22 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         expect(await other.release()).toBe(true);
       });
 
+      // An extension's expiresAt takes the same drift allowance off as an acquire's: the allowance an acquire of that
+      // ttl showed (at least) must show after the extension too. (Without it, a holder would count on up to 1% of the
+      // ttl more than the store promised.)
+      it('keeps an extended lease as conservative as an acquired one', async () => {
+        const TTL = 20_000;
+        const before = Date.now();
+        const lease = await fx.locker.acquire(freshKey('extend-drift'), { ttl: TTL });
+        const allowance = before + TTL - lease.expiresAt; // no more than the locker's drift allowance for TTL
+        const asked = Date.now();
+        await lease.extend(TTL);
+        const answered = Date.now();
+        expect(lease.expiresAt).toBeGreaterThanOrEqual(asked + TTL - allowance - (answered - asked) - 1);
+        expect(lease.expiresAt).toBeLessThanOrEqual(answered + TTL - allowance + 2);
+        expect(await lease.release()).toBe(true);
+      });
+
       /** Workers on `lockers` (one each) take `key` `perWorker` times with wait; returns what the checks need. */
       async function contend(lockers: readonly Locker[], perWorker: number, wait: number) {
         const key = freshKey('contended');
@@ -539,6 +555,11 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         expect(inner.expiresAt).toBeLessThan(outer.expiresAt - 5_000);
         expect(await abortReason(inner.signal, 5_000)).toBeInstanceOf(LockLostError);
         expect(await other.tryAcquire(key, { owner: 'worker-2' })).toBeNull(); // the outer lease still holds
+        // Its hold is over in the store too (a drift allowance, 5 ms here, after the lease's own end; time has to pass,
+        // the store tells no one): its release frees nothing and says so, and leaves the outer hold in place.
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        expect(await inner.release()).toBe(false);
+        expect(await other.tryAcquire(key, { owner: 'worker-2' })).toBeNull();
         expect(await outer.release()).toBe(true);
         // Free within the inner hold's own end (a few ms after its lease's, by the store's clock), not the outer's ttl.
         const started = Date.now();
@@ -594,6 +615,24 @@ export function lockContract(name: string, makeLocker: MakeLocker): void {
         expect(Date.now() - released).toBeLessThan(650);
         expect(next.fence).toBeGreaterThan(outer.fence);
         await next.release();
+      });
+
+      // "Keeps the lock for at least ttl more ms (never shortens it)", with an owner as without: an extension shorter
+      // than the time left must not bring the store's expiry forward under a lease that still counts on it.
+      it('never shortens a lease by a shorter extend, with an owner as without', async () => {
+        const other = fx.newConnectionLocker();
+        for (const owner of [undefined, 'worker-1']) {
+          const key = freshKey(`no-shorten-${owner ?? 'none'}`);
+          const lease = await fx.locker.acquire(key, { ttl: 10_000, ...(owner === undefined ? {} : { owner }) });
+          const expiresAt = lease.expiresAt;
+          await lease.extend(200);
+          expect(lease.expiresAt).toBeGreaterThanOrEqual(expiresAt);
+          // Time has to pass here: past the shorter extension's end, the lock must still be held.
+          await new Promise((resolve) => setTimeout(resolve, 600));
+          expect(lease.signal.aborted).toBe(false);
+          expect(await other.tryAcquire(key, { owner: 'worker-2' })).toBeNull();
+          expect(await lease.release()).toBe(true);
+        }
       });
 
       it('re-enters for exactly the same owner, whatever the owner contains', async () => {

@@ -1009,4 +1009,37 @@ describe('Redis calls', () => {
     locks.close();
     await own.stop();
   });
+
+  // TRANSFER only records a hand-over its releasing holder made: it must never put the heir over a lock someone else
+  // holds (the releaser's key expired and another process took it before the record arrived), and never hand out a
+  // fence the fence key already holds. Both were unguarded (review 52's mutants survived the suite).
+  describe('TRANSFER, called directly', () => {
+    async function held(label: string) {
+      const prefix = uniquePrefix(label);
+      const locks = new RedisLock(admin, { prefix });
+      const lease = await locks.acquire('k', { ttl: 10_000 });
+      const n = lockNames(prefix, 'k');
+      return { locks, lease, keys: [n.lock, n.queue, n.deadlines, n.fence], lockKey: n.lock, fenceKey: n.fence };
+    }
+
+    it("leaves another holder's lock alone: 0, and the key still names that holder", async () => {
+      const { locks, lease, keys, lockKey } = await held('transfer-other');
+      const reply = await TRANSFER.run(admin, keys, ['a-lease-that-ended', 'heir-token', String(lease.fence + 1), 10_000, '']);
+      expect(reply).toBe(0);
+      expect(String(await admin.get(lockKey)).startsWith(`${lease.token} `)).toBe(true);
+      expect(await lease.release()).toBe(true);
+      locks.close();
+    });
+
+    it('refuses a fence equal to the stored one: -1, and the lock is freed rather than handed over', async () => {
+      const { locks, lease, keys, lockKey, fenceKey } = await held('transfer-fence');
+      const stored = String(await admin.get(fenceKey));
+      expect(Number(stored)).toBe(lease.fence);
+      const reply = await TRANSFER.run(admin, keys, [lease.token, 'heir-token', stored, 10_000, '']);
+      expect(reply).toBe(-1);
+      expect(await admin.get(lockKey)).toBeNull();
+      expect(await admin.get(fenceKey)).toBe(stored);
+      locks.close();
+    });
+  });
 });

@@ -39,6 +39,8 @@ export type Handler = (call: Call) => Reply | undefined | Promise<Reply | undefi
 /** One route: middleware (made by this framework's rateLimit/withLock), then a handler. */
 export interface Route {
   use?: unknown[];
+  /** Mount `use` as its own layer in front of the route (Express: `app.use(path, …)`), not in the route's own stack. */
+  mount?: 'route' | 'path';
   handle?: Handler;
   /** A native Express handler, used instead of `handle` on Express (e.g. one that calls next(err)). */
   express?: (req: Any, res: Any, next: (err?: unknown) => void) => unknown;
@@ -52,8 +54,10 @@ export interface AppSpec {
   trustProxy?: boolean;
   /** `'json'` (default): an error handler that answers `{ code, message }` with err.status and err.headers;
    * `'default'`: the framework's own (Express's finalhandler, Koa's ctx.onerror); `'page'`: one that answers
-   * err.status with a text page and sends none of err.headers (as most HTML error pages do). */
-  errors?: 'json' | 'default' | 'page';
+   * err.status with a text page and sends none of err.headers (as most HTML error pages do); `'async'`: as 'json',
+   * answering 20 ms later from an async function (on Express, anything that calls `next` after `next(err)` then
+   * answers first). */
+  errors?: 'json' | 'default' | 'page' | 'async';
   /** Address to listen on (default 127.0.0.1). */
   host?: string;
 }
@@ -145,16 +149,28 @@ function expressFramework(name: 'express4' | 'express5', express: Any): Framewor
       app.set('env', 'test');
       app.set('trust proxy', spec.trustProxy === true);
       for (const [path, route] of Object.entries(spec.routes)) {
-        app.all(path, ...(route.use ?? []), route.express ?? expressHandler(route.handle ?? (() => undefined), asyncRouter));
+        const handler = route.express ?? expressHandler(route.handle ?? (() => undefined), asyncRouter);
+        if (route.mount === 'path' && route.use?.length) {
+          app.use(path, ...route.use);
+          app.all(path, handler);
+        } else {
+          app.all(path, ...(route.use ?? []), handler);
+        }
       }
       const errors: SeenError[] = [];
       app.use((err: Any, _req: Any, res: Any, next: (e: unknown) => void) => {
         errors.push(seen(err));
         if (spec.errors === 'default' || res.headersSent) return next(err);
         if (spec.errors === 'page') return res.status(err?.status ?? 500).type('text').send('Sorry');
-        res.status(err?.status ?? 500);
-        if (err?.headers) res.set(err.headers);
-        res.json({ code: err?.code, message: err?.expose ? err.message : 'Internal Server Error' });
+        const answer = (): void => {
+          if (res.headersSent) return;
+          res.status(err?.status ?? 500);
+          if (err?.headers) res.set(err.headers);
+          res.json({ code: err?.code, message: err?.expose ? err.message : 'Internal Server Error' });
+        };
+        // An async function's promise, as an `async` error handler returns: Express 5 treats that differently.
+        if (spec.errors === 'async') return new Promise<void>((resolve) => setTimeout(resolve, 20)).then(answer);
+        answer();
       });
       return listen(http.createServer(app), spec.host ?? '127.0.0.1', errors);
     },

@@ -162,6 +162,40 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     });
   }
 
+  // A refusal goes to the error handling and nowhere else: an async error handler (which answers later) must not be
+  // overtaken by the framework's 404 or the handler (review 52: a next() after next(err) went unnoticed with the
+  // synchronous error handler the other tests use).
+  it('sends a refused request to the error handling only, also when that answers asynchronously', async () => {
+    const order = freshOrder('refused-once');
+    const gate = deferred();
+    const holding = deferred();
+    let runs = 0;
+    const app = await start({
+      errors: 'async',
+      routes: {
+        '/buy': {
+          // In a layer of its own (app.use on Express), where a next() after next(err) would go on to the route.
+          mount: 'path',
+          use: [fw.withLock(orderKey, { redis })],
+          handle: async () => {
+            runs++;
+            holding.resolve();
+            await gate.promise;
+            return undefined;
+          },
+        },
+      },
+    });
+    const first = get(`${app.url}/buy?order=${order}`);
+    await within(holding.promise, 5_000, 'the holder');
+    const refused = await within(get(`${app.url}/buy?order=${order}`), 5_000, 'the refused request');
+    expect([refused.status, refused.body.code]).toEqual([423, 'LOCK_BUSY']);
+    expect(app.errors.map((e) => e.code)).toEqual(['LOCK_BUSY']);
+    gate.resolve();
+    expect((await first).status).toBe(200);
+    expect(runs).toBe(1);
+  });
+
   // Most error pages send none of err.headers: the 423's Retry-After is on the response already, as a 429's is.
   it('answers a busy lock with Retry-After also through an error page that sends none of err.headers', async () => {
     const order = freshOrder('page');
