@@ -21,7 +21,8 @@ const RESULTS = path.join(HERE, '..', 'results');
 const argv = process.argv.slice(2);
 // Anything else (a typo, or `--only ceiling` with a space) would otherwise start a full run that replaces latest.md.
 for (const a of argv) {
-  if (!['--quick', '--readme', '--render'].includes(a) && !/^--(?:only|match)=./.test(a)) {
+  // `--` is what `pnpm run bench -- --quick` passes on before the arguments.
+  if (!['--', '--quick', '--readme', '--render'].includes(a) && !/^--(?:only|match)=./.test(a)) {
     throw new Error(`unknown argument "${a}": expected --quick, --only=<sections>, --match=<text>, --readme, --render (see bench/README.md)`);
   }
 }

@@ -1152,6 +1152,30 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
     for (const k of keys) expect((await get(`${app.url}/buy?order=${k}`)).status).toBe(200);
   });
 
+  // A locker of the app's own making cannot tell withLock its wait: it gets a signal only when withLock has a wait of
+  // its own (so one that checks its option names, as hasp's do, keeps working).
+  it("hands a locker of the app's own a signal only when withLock's wait is set", async () => {
+    const seen: string[][] = [];
+    const inner = new MemoryLock();
+    const own = {
+      acquire: inner.acquire.bind(inner),
+      tryAcquire: inner.tryAcquire.bind(inner),
+      using: (key: string, fn: (lease: unknown) => unknown, options?: Record<string, unknown>) => {
+        seen.push(Object.keys(options ?? {}).sort());
+        return inner.using(key, fn as never, options);
+      },
+    } as unknown as MemoryLock;
+    const app = await start({
+      routes: {
+        '/plain': { use: [fw.withLock(orderKey, { locker: own })], handle: () => undefined },
+        '/waiting': { use: [fw.withLock(orderKey, { locker: own, wait: 1_000 })], handle: () => undefined },
+      },
+    });
+    expect((await get(`${app.url}/plain?order=${freshOrder('own-plain')}`)).status).toBe(200);
+    expect((await get(`${app.url}/waiting?order=${freshOrder('own-wait')}`)).status).toBe(200);
+    expect(seen.map((keys) => keys.includes('signal'))).toEqual([false, true]);
+  });
+
   it('answers 500 for a key function that throws or returns a non-string, without locking or running the handler', async () => {
     let runs = 0;
     const bad: Record<string, () => unknown> = {

@@ -20,10 +20,10 @@ import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, Reque
  * garbage-collected, which an idle Node process does within seconds to tens of seconds and a busy one may not do for
  * minutes; end the response to free it at once. A middleware that answers while the handler still runs (a timeout
  * middleware) ends the lock with its answer. If `req.lock.signal` aborts (the lock was lost, or released so), stop
- * changing the protected resource. With a wait (`wait`, or the locker's own), a client that disconnects while its
- * request waits for the lock stops the wait (a 499, code `CLIENT_CLOSED_REQUEST`, goes to `next(err)`). Express 4 ignores rejected promises: there, an
- * async handler must pass its errors to `next` itself, or the rejection is unhandled (by Node's default the process
- * ends, and a Redis lock stays until its ttl) and its response is never ended.
+ * changing the protected resource. With a wait (`wait`, or a hasp locker's own), a client that disconnects while its
+ * request waits for the lock stops the wait (a 499, code `CLIENT_CLOSED_REQUEST`, goes to `next(err)`). Express 4
+ * ignores rejected promises: there, an async handler must pass its errors to `next` itself, or the rejection is
+ * unhandled (by Node's default the process ends, and a Redis lock stays until its ttl) and its response is never ended.
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts

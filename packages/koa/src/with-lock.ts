@@ -9,8 +9,8 @@ import type { ContextKey, WithLockOptions } from './types.js';
  * at `ctx.state.lock`, auto-extended while `next()` runs and released once in `finally`, also when it throws, before
  * Koa sends the response (a streamed `ctx.body` is read after the release). A client that disconnects does not free
  * the lock while the handler still runs. If `ctx.state.lock.signal` aborts (the lock was lost), stop changing the
- * protected resource. With a wait (`wait`, or the locker's own), a client that disconnects while its request waits for
- * the lock stops the wait (a 499, code `CLIENT_CLOSED_REQUEST`, is thrown).
+ * protected resource. With a wait (`wait`, or a hasp locker's own), a client that disconnects while its request waits
+ * for the lock stops the wait (a 499, code `CLIENT_CLOSED_REQUEST`, is thrown).
  * @throws TypeError or RangeError naming the option when an option is missing or invalid
  * @example
  * ```ts

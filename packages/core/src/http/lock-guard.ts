@@ -34,7 +34,8 @@ export interface WithLockBaseOptions {
   /**
    * Milliseconds to wait for a busy lock before answering 423. A client that disconnects while its request waits stops
    * the wait: the handler does not run, and the app's error handling gets a 499 (code `CLIENT_CLOSED_REQUEST`) for its
-   * logs. The same holds for a wait that comes from the `locker`'s own `wait` option.
+   * logs. The same holds for a wait that comes from the `wait` option of a `locker` hasp made (`RedisLock`, `Redlock`,
+   * `MemoryLock`); for a locker of your own, set this option to have the wait watched.
    * @default the locker's wait (0: answer at once)
    */
   wait?: number | undefined;
@@ -224,8 +225,8 @@ export class LockGuard<Arg> {
     this.locker = resolved.locker;
     this.using = resolved.using;
     // A locker's own default wait is a wait too: a client that leaves must stop it as it stops the option's. A locker
-    // hasp did not make may wait without telling: watch its requests as well (a listener per request, nothing more).
-    this.waits = (resolved.using.wait ?? defaultWait(resolved.locker) ?? 1) > 0;
+    // hasp did not make cannot tell its wait, and is not handed a signal it never asked for: give withLock the `wait`.
+    this.waits = (resolved.using.wait ?? defaultWait(resolved.locker) ?? 0) > 0;
   }
 
   /**
