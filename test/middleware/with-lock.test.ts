@@ -552,6 +552,35 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
 
     // compression() puts its own end() over withLock's and, once the client has gone, never calls the one under it
     // (its zlib stream waits for a drain that cannot come): the handler's end() must free the lock all the same.
+    // The other order (review 56's mutant RE2 survived): the handler asked compression to end, compression holds the real
+    // end back for a client that does not read, and the client goes: the lock goes with the connection, not at the
+    // response's collection.
+    it('frees the lock when the client of an ended response leaves while compression still holds the end back', async () => {
+      const kept: unknown[] = []; // keeps the response reachable: a collection must not be what frees the lock
+      const ended = deferred();
+      const body = randomBytes(16 * 1024 * 1024);
+      const app = await start({
+        routes: {
+          '/file': {
+            use: [fw.withLock(orderKey, { redis, ttl: 1_000 }), compression({ threshold: 0, level: 0 })],
+            express: (_req, res) => {
+              kept.push(res);
+              res.type('application/octet-stream').end(body);
+              ended.resolve();
+            },
+          },
+        },
+      });
+      const order = freshOrder('compressed-unread');
+      const socket = await rawRequest(app.url, `GET /file?order=${order} HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n`);
+      socket.pause(); // reads nothing more: the server's writes back up, and compression's real end waits
+      await within(ended.promise, 5_000, 'the handler to end the response');
+      expect(await lockedInRedis(order)).toBe(true); // compression has not called the end under it
+      socket.destroy();
+      await until(async () => !(await lockedInRedis(order)), 2_000, 'the lock to be freed when the connection closed', 20);
+      expect(kept.length).toBe(1);
+    });
+
     it('frees the lock when the handler ends a response whose end() a later middleware wrapped (compression), also after its client left', async () => {
       const kept: unknown[] = []; // keeps the responses reachable: a collection must not be what frees the lock
       const started = deferred();
