@@ -2,31 +2,24 @@
 // (the request was served), also when its client leaves first or it goes on with next('route'). Pinned after mutation
 // testing (review 56).
 import { TokenBucket } from '@hasp/core';
-import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { until } from '../core/helpers.js';
-import { deferred, framework, send, type Framework, type RunningApp } from './apps.js';
+import { deferred, frameworkSuite, send } from './apps.js';
 
 describe.each(['express4', 'express5'] as const)('a custom handler on %s', (name) => {
-  let fw: Framework;
-  const apps: RunningApp[] = [];
-  beforeAll(async () => {
-    fw = await framework(name);
-  });
-  afterEach(async () => {
-    await Promise.all(apps.splice(0).map((a) => a.close()));
-  });
+  const suite = frameworkSuite(name);
 
   it('keeps the earlier takes when the client leaves before the handler answered (it may still pass the request on)', async () => {
     const client = new TokenBucket({ capacity: 10, rate: '1/h' });
     const reached = deferred();
     const gate = deferred();
     let passed = 0;
-    const app = await fw.start({
+    const app = await suite.start({
       routes: {
         '/x': {
           use: [
-            fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-            fw.rateLimit({
+            suite.fw().rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+            suite.fw().rateLimit({
               capacity: 1,
               rate: '1/h',
               policy: 'phone',
@@ -45,7 +38,6 @@ describe.each(['express4', 'express5'] as const)('a custom handler on %s', (name
         },
       },
     });
-    apps.push(app);
     await send(`${app.url}/x`).response; // admitted by both, served (no answer needed: handler counts)
     const refused = send(`${app.url}/x`);
     await reached.promise;
@@ -59,13 +51,13 @@ describe.each(['express4', 'express5'] as const)('a custom handler on %s', (name
   });
   it("counts a refused request whose handler passes it on with next('route') (EX4)", async () => {
     const client = new TokenBucket({ capacity: 10, rate: '1/h' });
-    const app = await fw.start({
+    const app = await suite.start({
       errors: 'default',
       routes: {
         '/y': {
           use: [
-            fw.rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-            fw.rateLimit({
+            suite.fw().rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+            suite.fw().rateLimit({
               capacity: 1,
               rate: '1/h',
               policy: 'phone',
@@ -77,7 +69,6 @@ describe.each(['express4', 'express5'] as const)('a custom handler on %s', (name
         },
       },
     });
-    apps.push(app);
     expect((await send(`${app.url}/y`).response).status).toBe(200);
     // Refused by 'phone', passed on to the next route (none here: Express's 404 answers it).
     expect((await send(`${app.url}/y`).response).status).toBe(404);

@@ -2,27 +2,19 @@
 // page, absent on a 423 whose holder's time is unknown, 1 (never 0) when the holder has 0 ms left, and a refusal after
 // an earlier middleware sent the headers still reaches the app's error handling.
 import { LockBusyError, MemoryLock } from '@hasp/core';
-import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { until } from '../core/helpers.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { deferred, FRAMEWORKS, framework, get, type Framework, type RunningApp } from './apps.js';
+import { deferred, FRAMEWORKS, frameworkSuite, get } from './apps.js';
 
 describe.each(FRAMEWORKS)('withLock refusals on %s', (name) => {
-  let fw: Framework;
-  const apps: RunningApp[] = [];
-  beforeAll(async () => {
-    fw = await framework(name);
-  });
-  afterEach(async () => {
-    await Promise.all(apps.splice(0).map((a) => a.close()));
-  });
+  const suite = frameworkSuite(name);
 
   it('puts Retry-After on a 429 response with headers: false, also behind an error page that sends none of err.headers', async () => {
-    const app = await fw.start({
+    const app = await suite.start({
       errors: 'page',
-      routes: { '/x': { use: [fw.rateLimit({ capacity: 1, rate: '1/h', key: 'k', headers: false })], handle: () => ({ body: 'ok' }) } },
+      routes: { '/x': { use: [suite.fw().rateLimit({ capacity: 1, rate: '1/h', key: 'k', headers: false })], handle: () => ({ body: 'ok' }) } },
     });
-    apps.push(app);
     expect((await get(`${app.url}/x`)).status).toBe(200);
     const r = await get(`${app.url}/x`);
     expect(r.status).toBe(429);
@@ -36,8 +28,7 @@ describe.each(FRAMEWORKS)('withLock refusals on %s', (name) => {
       using: () => Promise.reject(new LockBusyError('k')),
       acquire: () => Promise.reject(new LockBusyError('k')),
     };
-    const app = await fw.start({ routes: { '/x': { use: [fw.withLock(() => 'k', { locker })], handle: () => ({ body: 'ran' }) } } });
-    apps.push(app);
+    const app = await suite.start({ routes: { '/x': { use: [suite.fw().withLock(() => 'k', { locker })], handle: () => ({ body: 'ran' }) } } });
     const r = await get(`${app.url}/x`);
     expect(r.status).toBe(423);
     expect(r.headers['retry-after']).toBeUndefined();
@@ -49,8 +40,7 @@ describe.each(FRAMEWORKS)('withLock refusals on %s', (name) => {
       using: () => Promise.reject(new LockBusyError('k', 0)),
       acquire: () => Promise.reject(new LockBusyError('k', 0)),
     };
-    const app = await fw.start({ routes: { '/x': { use: [fw.withLock(() => 'k', { locker })], handle: () => ({ body: 'ran' }) } } });
-    apps.push(app);
+    const app = await suite.start({ routes: { '/x': { use: [suite.fw().withLock(() => 'k', { locker })], handle: () => ({ body: 'ran' }) } } });
     const r = await get(`${app.url}/x`);
     expect(r.status).toBe(423);
     expect(r.headers['retry-after']).toBe('1');
@@ -62,9 +52,9 @@ describe.each(FRAMEWORKS)('withLock refusals on %s', (name) => {
       const locker = new MemoryLock();
       const gate = deferred();
       const reached = deferred();
-      const lock = fw.withLock(() => 'k', { locker, ttl: 5_000 });
+      const lock = suite.fw().withLock(() => 'k', { locker, ttl: 5_000 });
       const early =
-        fw.kind === 'express'
+        suite.fw().kind === 'express'
           ? (_req: unknown, res: { writeHead(s: number): void; write(b: string): void }, next: () => void) => {
               res.writeHead(200);
               res.write('early');
@@ -75,7 +65,7 @@ describe.each(FRAMEWORKS)('withLock refusals on %s', (name) => {
               ctx.res.write('early');
               return next();
             };
-      const app = await fw.start({
+      const app = await suite.start({
         routes: {
           '/hold': {
             use: [lock],
@@ -88,7 +78,6 @@ describe.each(FRAMEWORKS)('withLock refusals on %s', (name) => {
           '/x': { use: [early, lock], handle: () => ({ body: 'ran' }) },
         },
       });
-      apps.push(app);
       const holding = get(`${app.url}/hold`);
       await reached.promise;
       void get(`${app.url}/x`).catch(() => undefined);

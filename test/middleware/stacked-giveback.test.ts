@@ -1,34 +1,26 @@
 // Three limiters on a route, the third refuses: both earlier limiters get their token back, not only the one just
 // before the refusal. Pinned after mutation testing (review 56) found only pairs tested.
 import { TokenBucket } from '@hasp/core';
-import { afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { FRAMEWORKS, framework, get, type Framework, type RunningApp } from './apps.js';
+import { describe, expect, it } from 'vitest';
+import { FRAMEWORKS, frameworkSuite, get } from './apps.js';
 
 describe.each(FRAMEWORKS)('three stacked limiters on %s', (name) => {
-  let fw: Framework;
-  const apps: RunningApp[] = [];
-  beforeAll(async () => {
-    fw = await framework(name);
-  });
-  afterEach(async () => {
-    await Promise.all(apps.splice(0).map((a) => a.close()));
-  });
+  const suite = frameworkSuite(name);
 
   it('a refusal by the third gives back the takes of both limiters before it', async () => {
     const first = new TokenBucket({ capacity: 10, rate: '1/h' });
     const second = new TokenBucket({ capacity: 10, rate: '1/h' });
-    const app = await fw.start({
+    const app = await suite.start({
       routes: {
         '/sms': {
           use: [
-            fw.rateLimit({ bucket: first, policy: 'first', key: 'client' }),
-            fw.rateLimit({ bucket: second, policy: 'second', key: 'client' }),
-            fw.rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: (r: { query: { phone?: string } }) => r.query.phone }),
+            suite.fw().rateLimit({ bucket: first, policy: 'first', key: 'client' }),
+            suite.fw().rateLimit({ bucket: second, policy: 'second', key: 'client' }),
+            suite.fw().rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: (r: { query: { phone?: string } }) => r.query.phone }),
           ],
         },
       },
     });
-    apps.push(app);
     const statuses: number[] = [];
     for (let i = 0; i < 4; i++) statuses.push((await get(`${app.url}/sms?phone=1`)).status);
     expect(statuses).toEqual([200, 429, 429, 429]);

@@ -2,19 +2,12 @@
 // request waited) lets it go at once, pinned after mutation testing (review 56): nothing covered that branch, and
 // auto-extension would have kept the lock for good.
 import { MemoryLock } from '@hasp/core';
-import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { until } from '../core/helpers.js';
-import { FRAMEWORKS, framework, get, type Framework, type RunningApp } from './apps.js';
+import { FRAMEWORKS, frameworkSuite, get } from './apps.js';
 
 describe.each(FRAMEWORKS)('withLock on %s', (name) => {
-  let fw: Framework;
-  const apps: RunningApp[] = [];
-  beforeAll(async () => {
-    fw = await framework(name);
-  });
-  afterEach(async () => {
-    await Promise.all(apps.splice(0).map((a) => a.close()));
-  });
+  const suite = frameworkSuite(name);
 
   it.runIf(name.startsWith('express'))('releases a lock it got for a response answered while it waited (a timeout middleware)', async () => {
     const locker = new MemoryLock();
@@ -22,10 +15,9 @@ describe.each(FRAMEWORKS)('withLock on %s', (name) => {
       setTimeout(() => res.end('timed out'), 100);
       next();
     };
-    const app = await fw.start({
-      routes: { '/x': { use: [timeout, fw.withLock(() => 'k', { locker, wait: 2_000, ttl: 1_000 })], handle: () => ({ body: 'ok' }) } },
+    const app = await suite.start({
+      routes: { '/x': { use: [timeout, suite.fw().withLock(() => 'k', { locker, wait: 2_000, ttl: 1_000 })], handle: () => ({ body: 'ok' }) } },
     });
-    apps.push(app);
     const lease = await locker.acquire('k', { ttl: 1_000 });
     const r = await get(`${app.url}/x`);
     expect(r.body).toBe('timed out');
