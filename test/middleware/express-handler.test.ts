@@ -9,6 +9,12 @@ import { deferred, frameworkSuite, send } from './apps.js';
 describe.each(['express4', 'express5'] as const)('a custom handler on %s', (name) => {
   const suite = frameworkSuite(name);
 
+  /** A per-client limiter with room, then a one-request limiter whose refusals go to `handler`. */
+  const limiters = (client: TokenBucket, handler: (req: unknown, res: unknown, next: (e?: unknown) => void) => unknown) => [
+    suite.fw().rateLimit({ bucket: client, policy: 'client', key: 'client' }),
+    suite.fw().rateLimit({ capacity: 1, rate: '1/h', policy: 'phone', key: 'phone', handler }),
+  ];
+
   it('keeps the earlier takes when the client leaves before the handler answered (it may still pass the request on)', async () => {
     const client = new TokenBucket({ capacity: 10, rate: '1/h' });
     const reached = deferred();
@@ -17,20 +23,11 @@ describe.each(['express4', 'express5'] as const)('a custom handler on %s', (name
     const app = await suite.start({
       routes: {
         '/x': {
-          use: [
-            suite.fw().rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-            suite.fw().rateLimit({
-              capacity: 1,
-              rate: '1/h',
-              policy: 'phone',
-              key: 'phone',
-              handler: async (_req: unknown, _res: unknown, next: () => void) => {
-                reached.resolve();
-                await gate.promise;
-                next(); // lets the refused request through after all
-              },
-            }),
-          ],
+          use: limiters(client, async (_req, _res, next) => {
+            reached.resolve();
+            await gate.promise;
+            next(); // lets the refused request through after all
+          }),
           express: (_req: unknown, res: { end(b: string): void }) => {
             passed++;
             res.end('ok');
@@ -55,16 +52,7 @@ describe.each(['express4', 'express5'] as const)('a custom handler on %s', (name
       errors: 'default',
       routes: {
         '/y': {
-          use: [
-            suite.fw().rateLimit({ bucket: client, policy: 'client', key: 'client' }),
-            suite.fw().rateLimit({
-              capacity: 1,
-              rate: '1/h',
-              policy: 'phone',
-              key: 'phone',
-              handler: (_req: unknown, _res: unknown, next: (e?: unknown) => void) => next('route'),
-            }),
-          ],
+          use: limiters(client, (_req, _res, next) => next('route')),
           express: (_req: unknown, res: { end(b: string): void }) => res.end('ok'),
         },
       },
