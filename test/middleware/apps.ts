@@ -5,7 +5,6 @@ import net, { type AddressInfo } from 'node:net';
 import type { Decision, Lease } from '@hasp/core';
 import * as haspExpress from '@hasp/express';
 import * as haspKoa from '@hasp/koa';
-import { afterEach, beforeAll } from 'vitest';
 
 /** The four framework majors every suite runs against. */
 export const FRAMEWORKS = ['express4', 'express5', 'koa2', 'koa3'] as const;
@@ -90,34 +89,6 @@ export interface Framework {
 }
 
 /** Loads one framework major (the npm aliases installed side by side in test/). */
-/**
- * For a `describe` of one framework: loads it before the tests, and closes after each test the apps started through
- * `start`. Call it at the top of the describe's body.
- */
-export function frameworkSuite(name: FrameworkName): { fw: () => Framework; start: (spec: AppSpec) => Promise<RunningApp> } {
-  let loaded: Framework | undefined;
-  const apps: RunningApp[] = [];
-  beforeAll(async () => {
-    loaded = await framework(name);
-  });
-  afterEach(async () => {
-    await Promise.all(apps.splice(0).map((a) => a.close()));
-  });
-  const fw = (): Framework => loaded ?? assertNever('frameworkSuite: used before its beforeAll ran');
-  return {
-    fw,
-    start: async (spec) => {
-      const app = await fw().start(spec);
-      apps.push(app);
-      return app;
-    },
-  };
-}
-
-function assertNever(message: string): never {
-  throw new Error(message);
-}
-
 export async function framework(name: FrameworkName): Promise<Framework> {
   switch (name) {
     case 'express4':

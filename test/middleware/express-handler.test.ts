@@ -4,7 +4,8 @@
 import { TokenBucket } from '@hasp/core';
 import { describe, expect, it } from 'vitest';
 import { until } from '../core/helpers.js';
-import { deferred, frameworkSuite, send } from './apps.js';
+import { deferred, send } from './apps.js';
+import { frameworkSuite } from './suite.js';
 
 describe.each(['express4', 'express5'] as const)('a custom handler on %s', (name) => {
   const suite = frameworkSuite(name);

@@ -5,7 +5,8 @@ import { LockBusyError, MemoryLock } from '@hasp/core';
 import { describe, expect, it } from 'vitest';
 import { until } from '../core/helpers.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { deferred, FRAMEWORKS, frameworkSuite, get } from './apps.js';
+import { deferred, FRAMEWORKS, get } from './apps.js';
+import { frameworkSuite } from './suite.js';
 
 describe.each(FRAMEWORKS)('withLock refusals on %s', (name) => {
   const suite = frameworkSuite(name);

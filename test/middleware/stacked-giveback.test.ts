@@ -2,7 +2,8 @@
 // before the refusal. Pinned after mutation testing (review 56) found only pairs tested.
 import { TokenBucket } from '@hasp/core';
 import { describe, expect, it } from 'vitest';
-import { FRAMEWORKS, frameworkSuite, get } from './apps.js';
+import { FRAMEWORKS, get } from './apps.js';
+import { frameworkSuite } from './suite.js';
 
 describe.each(FRAMEWORKS)('three stacked limiters on %s', (name) => {
   const suite = frameworkSuite(name);

@@ -4,7 +4,8 @@
 import { MemoryLock } from '@hasp/core';
 import { describe, expect, it } from 'vitest';
 import { until } from '../core/helpers.js';
-import { FRAMEWORKS, frameworkSuite, get } from './apps.js';
+import { FRAMEWORKS, get } from './apps.js';
+import { frameworkSuite } from './suite.js';
 
 describe.each(FRAMEWORKS)('withLock on %s', (name) => {
   const suite = frameworkSuite(name);
