@@ -3,26 +3,16 @@
 // long as a node stays unreachable (not just once); a grant that ioredis re-sends after reconnecting, once its round was
 // lost and the round's undo could not reach the node, is handed back rather than left for the ttl.
 import { Redis } from 'ioredis';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { startProxy } from '../harness/proxy.js';
 import type { Redlock } from '../../packages/core/src/index.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
-import { startRedisNodes, stopAll } from '../harness/redis.js';
 import { until, within } from '../core/helpers.js';
-import { freshPrefix, Nodes, notReady, ready } from './support.js';
+import { freshPrefix, notReady, privateNodes, ready, type Nodes } from './support.js';
 
-let nodes: Nodes;
+const privateThree = privateNodes(3);
 
-beforeAll(async () => {
-  nodes = new Nodes(await startRedisNodes(3));
-});
-
-afterAll(async () => {
-  nodes?.close();
-  await stopAll();
-});
-
-function inLineEverywhere(prefix: string, key: string, n: number): Promise<void> {
+function inLineEverywhere(nodes: Nodes, prefix: string, key: string, n: number): Promise<void> {
   return until(
     async () => (await Promise.all([0, 1, 2].map((i) => nodes.admins[i]!.zcard(lockNames(prefix, key).queue)))).every((len) => len === n),
     5_000,
@@ -34,6 +24,7 @@ describe('Redlock waiting line within one process', () => {
   // RS4: places stamped in the same millisecond must still be unique and rising, or same-ms waiters of one process
   // sort by their random names and get in out of order.
   it('lets waiters of one process that arrive in the same millisecond in in the order they called acquire', async () => {
+    const nodes = privateThree();
     const prefix = freshPrefix('same-ms');
     const key = 'k';
     const holder = nodes.redlock({ prefix }).locker;
@@ -52,7 +43,7 @@ describe('Redlock waiting line within one process', () => {
           await lease.release();
         }),
       );
-      await inLineEverywhere(prefix, key, i + 1);
+      await inLineEverywhere(nodes, prefix, key, i + 1);
     }
     await held.release();
     await within(Promise.all(waiters), 8_000, 'every waiter');
@@ -63,6 +54,7 @@ describe('Redlock waiting line within one process', () => {
 describe('Redlock release sent again', () => {
   // M1: a release that fails on a node is sent again, backing off, until the node takes it (not just once).
   it('keeps sending a release to a node that stays unreachable for longer than the first retry', async () => {
+    const nodes = privateThree();
     const prefix = freshPrefix('resend-twice');
     const admins = nodes.admins;
     // Node 0's connection waits 800 ms before each reconnect: the 100 ms and 300 ms resends find it still down.
@@ -88,6 +80,7 @@ describe('Redlock late grants of a lost round', () => {
   // M2: a grant that lands after its round was decided (busy) and after the round's undo failed (the connection was
   // down) is handed back, not left on the node for the whole ttl.
   it('hands back a stray grant that ioredis re-sends after reconnecting, once the round was already lost', async () => {
+    const nodes = privateThree();
     const prefix = freshPrefix('stray-resent');
     const key = 'k';
     const n = lockNames(prefix, key);
