@@ -619,7 +619,7 @@ export function readmeSection(res: Results): string {
     headline(res),
     '',
     `Targets: ${passing} of ${t.length} pass${unjudged ? ` (${unjudged} not run or not judged)` : ''}. All tables, CPU per operation and the targets: ` +
-      '[bench/results/latest.md](bench/results/latest.md). Reproduce with `pnpm bench` (about 7 minutes; ' +
+      `[bench/results/latest.md](bench/results/latest.md). Reproduce with \`pnpm bench\` (about ${m.seconds === undefined ? 8 : Math.round(m.seconds / 60)} minutes; ` +
       '`pnpm bench --quick` for a two-minute smoke run).',
     '',
   ].join('\n');
