@@ -1,5 +1,5 @@
 // withLock() for Express: holds a per-key lock while the request is handled, released when the response is ended.
-import { giveBackTakes, lendRetryAfter, LockGuard, type HeldLock } from '@hasp/core/http';
+import { LockGuard, refuseLock, type HeldLock } from '@hasp/core/http';
 import type { NextFunction, Request, Response } from 'express';
 import { releaseOnEnd } from './release-on-end.js';
 import type { DefaultLocals, DefaultParams, DefaultQuery, RouteMiddleware, RequestKey, WithLockOptions } from './types.js';
@@ -51,8 +51,7 @@ export function withLock<
       held = await guard.acquire(req, req, res);
     } catch (error) {
       // Refused (busy, unavailable, a bad key, the client gone): the request costs nothing in the rate limits before.
-      await giveBackTakes(res.locals);
-      lendRetryAfter(res, error);
+      await refuseLock(res.locals, res, error);
       next(error);
       return;
     }

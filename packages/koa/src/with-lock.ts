@@ -1,5 +1,5 @@
 // withLock() for Koa: holds a per-key lock around the rest of the middleware chain, released in finally.
-import { giveBackTakes, lendRetryAfter, LockGuard } from '@hasp/core/http';
+import { LockGuard, refuseLock } from '@hasp/core/http';
 import type { Context, DefaultContext, DefaultState, Middleware, Next } from 'koa';
 import type { ContextKey, WithLockOptions } from './types.js';
 
@@ -30,8 +30,7 @@ export function withLock<StateT = DefaultState, ContextT = DefaultContext>(
       held = await guard.acquire(ctx, ctx, ctx.res);
     } catch (error) {
       // Refused (busy, unavailable, a bad key, the client gone): the request costs nothing in the rate limits before.
-      await giveBackTakes(ctx.state);
-      lendRetryAfter(ctx.res, error);
+      await refuseLock(ctx.state, ctx.res, error);
       throw error;
     }
     if (held === undefined) return next();

@@ -26,7 +26,7 @@ export { callCost, callKey } from './inputs.js';
 export type { CostFunction, KeyFunction } from './inputs.js';
 export { onConnectionClose } from './connection.js';
 export type { Closable } from './connection.js';
-export { holdLock, httpLockError, LockGuard, lockerFor, requestOwner } from './lock-guard.js';
+export { holdLock, httpLockError, LockGuard, lockerFor, refuseLock, requestOwner } from './lock-guard.js';
 export type { ClosableResponse, HeldLock, WithLockBaseOptions } from './lock-guard.js';
 export { checkOptionNames, optionErrors } from './options.js';
 export { giveBackTakes, MIDDLEWARE_BUCKET_PREFIX, RateLimiter } from './rate-limiter.js';

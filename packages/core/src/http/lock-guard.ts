@@ -8,10 +8,11 @@ import type { Lease, Locker, RedisClient, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import * as v from '../util/validate.js';
 import { onConnectionClose, type Closable } from './connection.js';
-import { clientClosedError, lockBusyError, lockUnavailableError } from './errors.js';
+import { clientClosedError, lendRetryAfter, lockBusyError, lockUnavailableError } from './errors.js';
 import { retryAfterSeconds } from './fields.js';
 import { callKey, type KeyFunction } from './inputs.js';
 import { checkOptionNames, optionErrors } from './options.js';
+import { giveBackTakes } from './rate-limiter.js';
 
 /** Options of `withLock()` shared by both adapters. */
 export interface WithLockBaseOptions {
@@ -278,3 +279,15 @@ export interface ClosableResponse extends Closable {
   readonly req?: { readonly socket?: Closable | null };
 }
 
+/**
+ * For the adapters, with a request that {@link LockGuard.acquire} refused (busy, unavailable, a bad key, the client
+ * gone), before its error goes on: the request costs nothing in the hasp rate limits before `withLock` (their takes,
+ * recorded on `home`, are given back), and the error's `Retry-After` goes on the response too, for error pages that
+ * send none of `err.headers`.
+ * @param home - the per-request object the rate limiters recorded their takes on (Express `res.locals`, Koa `ctx.state`)
+ * @param res - the Node response
+ */
+export async function refuseLock(home: object, res: Parameters<typeof lendRetryAfter>[0], error: unknown): Promise<void> {
+  await giveBackTakes(home);
+  lendRetryAfter(res, error);
+}
