@@ -158,6 +158,13 @@ function missing<C, R>(rows: Row<C, R>[], name: (c: C) => string): string {
   return gone.length ? `; not judged: ${gone.join(', ')} failed every run` : '';
 }
 
+/** The peer limiters' rows of one framework and regime (failed ones included), and the fastest of those with a figure. */
+function httpPeers(rows: Results['http'], framework: Framework, regime: Regime): { all: Results['http']; best: Results['http'][number] | undefined } {
+  const all = rows.filter((r) => r.case.framework === framework && r.case.regime === regime && !NOT_PEERS.includes(r.case.variant));
+  const best = all.filter((r) => r.median).sort((a, b) => b.median!.reqPerSec - a.median!.reqPerSec)[0];
+  return { all, best };
+}
+
 function httpRow(rows: Results['http'], framework: Framework, variant: HttpVariant, regime: Regime): HttpResult | undefined {
   return rows.find((r) => r.case.framework === framework && r.case.variant === variant && (variant === 'bare' || r.case.regime === regime))?.median ?? undefined;
 }
@@ -261,8 +268,7 @@ export function targets(res: Results): Target[] {
         add(`HTTP ${regime}, ${FRAMEWORK_NAME[framework]}: hasp ≥ ${want}× bare`, `${int(hasp?.reqPerSec)} vs ${int(bare?.reqPerSec)} req/s = ${ratio(r)}${context}`, Number.isFinite(r) ? r >= want : null);
       }
       const hasp = httpRow(res.http, framework, 'hasp', 'allowed');
-      const all = res.http.filter((r) => r.case.framework === framework && r.case.regime === 'allowed' && !NOT_PEERS.includes(r.case.variant));
-      const best = all.filter((r) => r.median).sort((a, b) => b.median!.reqPerSec - a.median!.reqPerSec)[0];
+      const { all, best } = httpPeers(res.http, framework, 'allowed');
       const r = hasp && best ? hasp.reqPerSec / best.median!.reqPerSec : NaN;
       const gone = missing(all, (c) => VARIANT_NAME[c.variant]);
       add(
@@ -555,9 +561,7 @@ export function headline(res: Results): string {
     if (!bare) continue;
     for (const regime of ['allowed', 'flooded'] as const) {
       const hasp = httpRow(res.http, framework, 'hasp', regime);
-      const peer = res.http
-        .filter((r) => r.case.framework === framework && r.case.regime === regime && !NOT_PEERS.includes(r.case.variant) && r.median)
-        .sort((a, b) => b.median!.reqPerSec - a.median!.reqPerSec)[0];
+      const peer = httpPeers(res.http, framework, regime).best;
       if (!hasp || !peer) continue;
       rows.push([
         `${FRAMEWORK_NAME[framework]} req/s, rate limit on Redis, ${regime}`,
