@@ -269,8 +269,9 @@ describe('RedisLock when Redis fails', () => {
 
   it('does not release again, when a late hand-over confirms an heir whose own release was sent, a hold another process re-entered', async () => {
     const prefix = uniquePrefix('late-confirm');
-    // Calls time out after 1 s: the heir's release must, and nothing else may, on a machine under load.
-    const { proxy, client, locks, close } = await proxied(prefix, {}, 1_000);
+    // Calls time out after 2 s: the heir's release must, and nothing else may, on a machine under load (at 1 s, an
+    // acquire once timed out with the machine's both cores busy).
+    const { proxy, client, locks, close } = await proxied(prefix, {}, 2_000);
     try {
       const releasing = await locks.acquire('k', { ttl: 10_000 });
       const waiting = locks.acquire('k', { owner: 'x', ttl: 10_000, wait: 5_000 });
@@ -284,7 +285,7 @@ describe('RedisLock when Redis fails', () => {
       const reentered = await other.acquire('k', { owner: 'x', ttl: 10_000 });
       expect(reentered.token).toBe(heir.token);
       // The heir's release is sent, runs (one hold left, the other process's), and times out here.
-      expectUnavailable(await within(rejection(heir.release()), 3_000, "the heir's release"));
+      expectUnavailable(await within(rejection(heir.release()), 6_000, "the heir's release"));
       pass();
       // Twice: the first reply comes after TRANSFER's, the second after anything that reply set off.
       expect(await client.ping()).toBe('PONG');
