@@ -3,7 +3,15 @@
 import type { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TokenBucket } from '../../packages/core/src/index.js';
-import { DENY_CACHE_MS, DENY_CACHE_SIZE, RedisBucketStore, Taken, type TakeHome } from '../../packages/core/src/rate-limit/bucket-store.js';
+import {
+  DENY_CACHE_MS,
+  DENY_CACHE_SIZE,
+  MemoryBucketStore,
+  RedisBucketStore,
+  Taken,
+  type BucketStore,
+  type TakeHome,
+} from '../../packages/core/src/rate-limit/bucket-store.js';
 import { gcraParams } from '../../packages/core/src/rate-limit/gcra.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { uniquePrefix } from './helpers.js';
@@ -243,5 +251,31 @@ describe('the store at its edges', () => {
     expect((await errors()) - before).toBe(0);
     c.disconnect();
     await renamed.stop();
+  });
+
+  // A take whose cost × interval is not a whole number of µs (a tiny or fractional cost) is charged the next whole µs,
+  // at least 1; its give-back must remove exactly that, leaving the bucket as it was, so that a second give-back of the
+  // same take finds the bucket changed and does nothing. 3 tokens per 10 minutes: 200,000,000 µs per token, so a cost
+  // of 1e-9 is 0.2 µs (charged 1) and 0.5 + 1e-9 is 100,000,000.2 µs (charged 100,000,001).
+  let frozenMs = 1_000_000;
+  const floorStores: [string, () => BucketStore][] = [
+    ['in memory', () => new MemoryBucketStore(gcraParams(3, 1 / 200), () => frozenMs)],
+    ['on Redis', () => new RedisBucketStore(admin, uniquePrefix('give-back-floor'), gcraParams(3, 1 / 200), 2_000)],
+  ];
+  describe.each(floorStores)('%s', (_, make) => {
+    it.each([1e-9, 0.5 + 1e-9])('gives back exactly what a take of cost %d was charged, once', async (cost) => {
+      const store = make();
+      frozenMs += 1_000_000;
+      // A bucket in use: its next-token time lies ahead, so what a give-back leaves is kept rather than dropped as full.
+      const first: TakeHome = {};
+      expect((await store.take('k', 1, true, first)).allowed).toBe(true);
+      const home: TakeHome = {};
+      expect((await store.take('k', cost, true, home)).allowed).toBe(true);
+      const taken = Taken.leave(home)!;
+      expect(await store.giveBack('k', cost, taken.stored)).toBe(true);
+      expect(await store.giveBack('k', cost, taken.stored)).toBe(false);
+      // Back to the first take's state exactly: its own give-back still matches.
+      expect(await store.giveBack('k', 1, Taken.leave(first)!.stored)).toBe(true);
+    });
   });
 });
