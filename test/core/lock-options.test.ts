@@ -2,7 +2,7 @@
 // naming the option, before anything is sent to Redis (the clients here never connect).
 import { Cluster, Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
-import { MemoryLock, RedisLock, Redlock, type Locker } from '../../packages/core/src/index.js';
+import { MemoryLock, RedisLock, Redlock, TokenBucket, type Locker } from '../../packages/core/src/index.js';
 import { expectInvalid } from './helpers.js';
 
 // lazyConnect: constructing and validating never opens a connection; a call that got past validation would try to
@@ -74,6 +74,28 @@ describe('locker clients', () => {
   it('RedisLock needs an ioredis client', async () => {
     for (const value of [undefined, null, {}, 'redis://localhost', 6379, { evalsha() {} }]) {
       await expectInvalid(() => new RedisLock(value as never), 'redis');
+    }
+  });
+
+  it('never puts the password of a Redis URL passed for a client into the message, and says what to pass', () => {
+    const url = 'redis://default:hunter2@cache.internal:6379/0';
+    const messages: string[] = [];
+    for (const make of [
+      () => new RedisLock(url as never),
+      () => new Redlock([url] as never),
+      () => new Redlock([client(), client(), `rediss://:p%40ss@h/0`] as never),
+      () => new TokenBucket({ capacity: 1, rate: 1, redis: url as never }),
+    ]) {
+      try {
+        make();
+      } catch (error) {
+        messages.push((error as Error).message);
+      }
+    }
+    expect(messages).toHaveLength(4);
+    for (const m of messages) {
+      expect(m).not.toMatch(/hunter2|p%40ss/);
+      expect(m).toMatch(/must be an ioredis Redis or Cluster instance \(for a URL, pass new Redis\(url\)\), got "rediss?:\/\/\*\*\*@/);
     }
   });
 

@@ -388,10 +388,17 @@ describe('onStoreState', () => {
       { capacity: 5, rate: '1/h', redis: client, policy: 'oom', key: (a: { key: string }) => a.key, onStoreError: 'closed', onStoreState: (e) => void heard.push(e) },
       () => undefined,
     );
+    // The innermost cause of each 503: Redis's own reply, also for the 503s of an open circuit (no call made).
+    const roots: string[] = [];
     const status = (key: string) =>
       limiter.check({ key }).then(
         (d) => (d?.allowed ? 200 : 429),
-        (e: { status?: number }) => e.status,
+        (e: { status?: number; cause?: unknown }) => {
+          let root: unknown = e;
+          while ((root as { cause?: unknown }).cause !== undefined) root = (root as { cause: unknown }).cause;
+          roots.push(String((root as Error).message));
+          return e.status;
+        },
       );
     expect(await status('warm')).toBe(200);
     await admin.config('SET', 'maxmemory-policy', 'noeviction');
@@ -405,6 +412,8 @@ describe('onStoreState', () => {
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
       expect(heard.map((e) => e.state)).toEqual(['down']);
+      expect(roots.length).toBeGreaterThan(5);
+      for (const r of roots) expect(r).toMatch(/^OOM /);
     } finally {
       await admin.config('SET', 'maxmemory', '0');
     }

@@ -110,7 +110,10 @@ export interface Locker {
 
 /** What happened in the background, reported to a locker's `onError` hook. */
 export interface LockErrorEvent {
-  /** `extend`: an auto-extension failed; `release`: a release inside `using` failed; `lost`: a lease was lost. */
+  /**
+   * `extend`: an auto-extension failed (once per run of failed retries, until one gets through); `release`: a release
+   * inside `using` failed; `lost`: a lease was lost.
+   */
   readonly operation: 'extend' | 'release' | 'lost';
   /** The key concerned. */
   readonly key: string;

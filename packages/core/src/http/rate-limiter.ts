@@ -342,7 +342,8 @@ export class RateLimiter<Arg, H = never> {
       case 'open':
         return Promise.resolve(undefined);
       default:
-        return this.failed(home, rateLimitUnavailableError(guard.retryAfter(key), cause ?? new Error('rate-limit store is down')));
+        // While the circuit is open no call is made: the cause is the failure that keeps it open.
+        return this.failed(home, rateLimitUnavailableError(guard.retryAfter(key), cause ?? guard.failure(key) ?? new Error('rate-limit store is down')));
     }
   }
 }

@@ -61,6 +61,8 @@ interface Circuit {
   nextProbe: number;
   /** The key whose take failed last here: probes take from it, so that they ask the node that failed. */
   probeKey: string;
+  /** The last failure here (a take's or a probe's): the cause of the 503s the circuit answers meanwhile. */
+  error: RateLimitUnavailableError;
 }
 
 /**
@@ -120,9 +122,11 @@ export class StoreGuard {
   failed(key: string, error: RateLimitUnavailableError): void {
     const id = this.circuitOf(key);
     const c = this.open.get(id);
-    if (c !== undefined) c.probeKey = key;
-    else {
-      this.open.set(id, { probing: false, nextProbe: realPerfNow() + PROBE_INTERVAL_MS, probeKey: key });
+    if (c !== undefined) {
+      c.probeKey = key;
+      c.error = error;
+    } else {
+      this.open.set(id, { probing: false, nextProbe: realPerfNow() + PROBE_INTERVAL_MS, probeKey: key, error });
       if (this.open.size === 1) {
         if (this.forgetTimer !== undefined) clearTimeout(this.forgetTimer);
         this.forgetTimer = undefined;
@@ -142,6 +146,11 @@ export class StoreGuard {
   get fallback(): TokenBucket {
     this.fallbackBucket ??= new TokenBucket({ capacity: this.bucket.capacity, rate: this.bucket.rate });
     return this.fallbackBucket;
+  }
+
+  /** The last failure of `key`'s circuit, while it is open: why Redis is not asked. */
+  failure(key: string): RateLimitUnavailableError | undefined {
+    return this.open.get(this.circuitOf(key))?.error;
   }
 
   /** Seconds until the next probe of `key`'s circuit: the Retry-After of a 503 under the 'closed' policy. */
@@ -165,7 +174,10 @@ export class StoreGuard {
         c.probing = false;
         // The probe's key holds something else (it failed last by timing out): Redis answered all the same.
         if (isKeyFault(error)) this.close(id, c);
-        else c.nextProbe = realPerfNow() + PROBE_INTERVAL_MS;
+        else {
+          c.nextProbe = realPerfNow() + PROBE_INTERVAL_MS;
+          if (isStoreError(error)) c.error = error;
+        }
       },
     );
   }

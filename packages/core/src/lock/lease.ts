@@ -193,15 +193,22 @@ export class LeaseImpl implements Lease {
       this.extendTimer = setTimeout(tick, Math.max(0, delay));
       this.extendTimer.unref();
     };
+    // Whether the last extension failed: retries come ever faster as the lease runs out (they fail at once while the
+    // client reconnects), so only the first failure of a run is reported, not one event per retry in an outage.
+    let failing = false;
     const tick = () => {
       this.extendTimer = undefined;
       if (this.ended) return;
       this.extend().then(
-        () => schedule((this.expiry - this.store.now()) / 2),
+        () => {
+          failing = false;
+          schedule((this.expiry - this.store.now()) / 2);
+        },
         (error: unknown) => {
           if (this.ended) return; // lost (already reported) or released meanwhile
           const err = error instanceof HaspError ? error : new LockUnavailableError('extension failed', { cause: error });
-          this.report({ operation: 'extend', key: this.key, error: err });
+          if (!failing) this.report({ operation: 'extend', key: this.key, error: err });
+          failing = true;
           // Transient failure: try again soon, while the lease is still valid; the expiry timer aborts otherwise.
           const left = this.expiry - this.store.now();
           schedule(Math.min(Math.max(left / 4, 5), 1_000));

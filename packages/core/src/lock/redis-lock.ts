@@ -49,7 +49,8 @@ export class RedisLock extends BaseLocker {
 export function assertClient(name: string, value: unknown): void {
   const c = value as { evalsha?: unknown; duplicate?: unknown } | null;
   if (typeof c !== 'object' || c === null || typeof c.evalsha !== 'function' || typeof c.duplicate !== 'function') {
-    throw new TypeError(`${name} must be an ioredis Redis or Cluster instance, got ${v.describe(value)}`);
+    const hint = typeof value === 'string' ? ' (for a URL, pass new Redis(url))' : '';
+    throw new TypeError(`${name} must be an ioredis Redis or Cluster instance${hint}, got ${v.describe(value)}`);
   }
 }
 

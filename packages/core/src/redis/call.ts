@@ -29,17 +29,39 @@ export function unavailable(client: RedisClient): RedisCallError | undefined {
     manuallyClosing?: unknown;
   };
   if (status === 'ready' && manuallyClosing !== true) return undefined;
-  if (status !== undefined && DOWN.has(status)) return new RedisCallError(`Redis connection is ${status}`, true);
+  if (status !== undefined && DOWN.has(status)) return new RedisCallError(`Redis connection${to(client)} is ${status}`, true);
   // After the user's quit() the server closes the socket: a command written then fails with EPIPE, and the close
   // that follows rejects the user's own QUIT with "Connection is closed" if its reply was not read yet.
-  if (manuallyClosing === true) return new RedisCallError('Redis connection is closing', true);
+  if (manuallyClosing === true) return new RedisCallError(`Redis connection${to(client)} is closing`, true);
   // Between reconnect attempts ioredis passes through 'connecting' and 'connect'; a command sent then would wait in the
   // offline queue and run whenever the server is back, long after we gave up on it. A client that has connected
   // before counts its attempts (reset once ready).
   if (typeof retryAttempts === 'number' && retryAttempts > 0) {
-    return new RedisCallError(`Redis connection is reconnecting (attempt ${retryAttempts})`, true);
+    return new RedisCallError(`Redis connection${to(client)} is reconnecting (attempt ${retryAttempts})`, true);
   }
   return undefined;
+}
+
+/**
+ * Which Redis `client` connects to (host:port, a socket path, or a Sentinel master's name), for messages about it, so
+ * that an operator can tell which Redis failed; undefined for a Cluster or a client whose options say nothing. (Why a
+ * connection is down, refused or a wrong password, is the client's own 'error' event: a listener of ours would silence
+ * ioredis's "Unhandled error event" output for apps that have none.)
+ */
+function serverOf(client: RedisClient): string | undefined {
+  const c = client as { isCluster?: unknown; options?: { host?: unknown; port?: unknown; path?: unknown; sentinels?: unknown; name?: unknown } };
+  const o = c.options;
+  if (c.isCluster === true || o === undefined) return undefined;
+  if (Array.isArray(o.sentinels) && typeof o.name === 'string') return `master "${o.name}" (Sentinel)`;
+  if (typeof o.path === 'string' && o.path !== '') return o.path;
+  if (typeof o.host === 'string' && typeof o.port === 'number') return `${o.host}:${o.port}`;
+  return undefined;
+}
+
+/** ' to <server>' for `client`, or ''. */
+function to(client: RedisClient): string {
+  const server = serverOf(client);
+  return server === undefined ? '' : ` to ${server}`;
 }
 
 /**
@@ -71,7 +93,7 @@ export function bounded<T, R = T>(
   return new Promise<R>((resolve, reject) => {
     const entry = watch(timeout, () => {
       unsure?.();
-      reject(fail(timedOut(timeout)));
+      reject(fail(timedOut(client, timeout)));
     });
     pending.then(
       (value) => {
@@ -109,8 +131,9 @@ function same(error: unknown): unknown {
   return error;
 }
 
-function timedOut(timeout: number): RedisCallError {
-  return new RedisCallError(`Redis did not answer within ${timeout} ms`);
+function timedOut(client: RedisClient, timeout: number): RedisCallError {
+  const server = serverOf(client);
+  return new RedisCallError(`Redis${server === undefined ? '' : ` at ${server}`} did not answer within ${timeout} ms`);
 }
 
 /** What one client answered in a round of `boundedAll`: undefined while (or if never) it answered in time. */
@@ -194,7 +217,7 @@ export function boundedAll<T>(
     check();
     if (finished) return;
     entry = watch(timeout, () => {
-      for (let i = 0; i < n; i++) if (outcomes[i] === undefined) outcomes[i] = { ok: false, error: timedOut(timeout) };
+      for (let i = 0; i < n; i++) if (outcomes[i] === undefined) outcomes[i] = { ok: false, error: timedOut(clients[i]!, timeout) };
       finish();
     });
   });

@@ -13,9 +13,16 @@ export function definedOnly<T extends object>(options: T | undefined): Partial<T
   return out;
 }
 
+/**
+ * A short description of a bad option's value for an error message. A string is quoted (shortened) with a URL's
+ * user and password left out: a Redis URL passed where a client goes would otherwise put its password in crash logs.
+ */
 export function describe(value: unknown): string {
   if (value === null) return 'null';
-  if (typeof value === 'string') return `"${value.length > 40 ? `${value.slice(0, 37)}...` : value}"`;
+  if (typeof value === 'string') {
+    const shown = value.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i, '$1***@');
+    return `"${shown.length > 40 ? `${shown.slice(0, 37)}...` : shown}"`;
+  }
   if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') return String(value);
   if (typeof value === 'function') return 'a function';
   if (Array.isArray(value)) return 'an array';
