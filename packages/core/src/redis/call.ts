@@ -54,7 +54,7 @@ function serverOf(client: RedisClient): string | undefined {
   if (c.isCluster === true || o === undefined) return undefined;
   if (Array.isArray(o.sentinels) && typeof o.name === 'string') return `master "${o.name}" (Sentinel)`;
   if (typeof o.path === 'string' && o.path !== '') return o.path;
-  if (typeof o.host === 'string' && typeof o.port === 'number') return `${o.host}:${o.port}`;
+  if (typeof o.host === 'string' && typeof o.port === 'number') return o.host.includes(':') ? `[${o.host}]:${o.port}` : `${o.host}:${o.port}`;
   return undefined;
 }
 
