@@ -28,6 +28,7 @@ import {
 } from '../../packages/core/src/lock/scripts.lua.js';
 import { REFUND, TAKE } from '../../packages/core/src/rate-limit/bucket.lua.js';
 import { isBundled } from '../../packages/core/src/redis/script.js';
+import { inspect } from 'node:util';
 import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { trackUnhandled } from '../redlock/support.js';
@@ -367,6 +368,27 @@ describe('Redis calls', () => {
     expect(await commandStats('evalsha')).toEqual({ calls: 3, failed: 1 });
     locks.close();
     client.disconnect();
+  });
+
+  it("names the script by its SHA, not its text (up to 11 KB), in the reply error a failing EVAL leaves as the cause", async () => {
+    const prefix = uniquePrefix('eval-cause');
+    const bucket = { capacity: 1, rate: 1 };
+    // Keys holding a hash: each script fails where it reads them.
+    await admin.hset(bucketKey(bucket, prefix, 'k'), 'x', '1');
+    await admin.hset(lockNames(prefix, 'k').lock, 'x', '1');
+    const calls: [string, (c: Redis) => Promise<unknown>][] = [
+      ['take', (c) => new TokenBucket({ ...bucket, redis: c, prefix }).take('k')],
+      ['acquire', (c) => new RedisLock(c, { prefix }).acquire('k')],
+    ];
+    for (const [what, call] of calls) {
+      const client = await connected();
+      // The first call on this connection, so an EVAL.
+      const error = await rejection(call(client));
+      const command = (error as { cause?: { command?: { name?: string; args?: unknown[] } } }).cause?.command;
+      expect([what, command?.name, command?.args?.[0]]).toEqual([what, 'eval', expect.stringMatching(/^<hasp script [0-9a-f]{40}>$/)]);
+      expect(inspect(error, { depth: Infinity }).length).toBeLessThan(3_000);
+      client.disconnect();
+    }
   });
 
   it('sends EVAL again after reconnecting to a restarted server, without a NOSCRIPT round trip', async () => {

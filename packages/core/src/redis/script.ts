@@ -131,16 +131,16 @@ export class Script {
    * EVALSHA and fall back to EVAL once if the server lost the script (SCRIPT FLUSH, failover).
    */
   send(client: RedisClient, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
-    if (evalOnly.has(client)) return client.eval(this.source, keys.length, ...keys, ...args);
+    if (evalOnly.has(client)) return this.eval(client, keys, args);
     const scripts = knownFor(client, keys);
     if (!scripts.has(this.sha)) {
       // Marked at once: our later calls go out after this one on the same connection, so the server knows it by then.
       // On a Cluster only once it ran, on the master the slot map names by then: a stale map sent it elsewhere (MOVED).
       if (connectionOf(client, keys) !== undefined) {
         scripts.add(this.sha);
-        return client.eval(this.source, keys.length, ...keys, ...args);
+        return this.eval(client, keys, args);
       }
-      return client.eval(this.source, keys.length, ...keys, ...args).then((reply) => {
+      return this.eval(client, keys, args).then((reply) => {
         knownFor(client, keys).add(this.sha);
         return reply;
       });
@@ -152,14 +152,27 @@ export class Script {
         // Refused before anything ran, so EVAL does it now; and every later call too, instead of working on a
         // connection's first call of a script only (an acquire that went out as EVAL, and its release refused).
         evalOnly.add(client);
-        return client.eval(this.source, keys.length, ...keys, ...args);
+        return this.eval(client, keys, args);
       }
       if (!isNoScript(error)) throw error;
       // The server lost its scripts (SCRIPT FLUSH): not this one only. The next call of each other script goes as EVAL
       // too, instead of meeting NOSCRIPT and coming back for a second trip that a command sent meanwhile overtakes.
       scripts.clear();
       scripts.add(this.sha);
-      return client.eval(this.source, keys.length, ...keys, ...args);
+      return this.eval(client, keys, args);
+    });
+  }
+
+  /**
+   * EVAL, whose failure names the script by its SHA instead of carrying its text: ioredis puts the command's arguments
+   * on a reply error (`command.args`), which ends up as the `cause` of hasp's error, and loggers that print causes deeply
+   * would print the whole script (up to 11 KB) with the first failure on each connection.
+   */
+  private eval(client: RedisClient, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown> {
+    return client.eval(this.source, keys.length, ...keys, ...args).catch((error: unknown) => {
+      const command = (error as { command?: { args?: unknown } } | null)?.command;
+      if (Array.isArray(command?.args) && command.args[0] === this.source) command.args[0] = `<hasp script ${this.sha}>`;
+      throw error;
     });
   }
 }
