@@ -474,6 +474,10 @@ describe('Redlock without a quorum', () => {
       const t = await timed(() => within(call(), 10_000, what));
       console.log(`3 killed: ${what} failed in ${t.ms.toFixed(0)} ms`);
       expectUnavailable(t.error);
+      // Named by its key, and each failed node by its address.
+      const key = what === 'extend' || what === 'release' ? 'held' : 'k';
+      expect(t.error).toMatchObject({ key });
+      expect((t.error as Error).message).toMatch(new RegExp(`^lock \\w+ failed for "${key}": no quorum of 3 of 5 nodes \\(.*node 2: Redis connection to 127\\.0\\.0\\.1:${nodes.nodes[2]!.port} is `));
       expect(t.ms, what).toBeLessThan(bound);
       expect(await nodes.holders(prefix, 'k'), `${what} left no lock on the live nodes`).toEqual([]);
     }

@@ -75,14 +75,15 @@ describe('Redlock validity', () => {
 
   it('counts a lease won in a later round from that round’s start, not from when its replies came back', async () => {
     const prefix = freshPrefix('validity-late-reply');
-    // Nodes 2, 3, 4 behind proxies that hold their replies back: the first round times out on them (150 ms), the
-    // second is granted on every node at once but hears back from them only once the replies are let through.
+    // Nodes 2, 3, 4 behind proxies that hold their replies back: the first round times out on them (1 s), the second
+    // is granted on every node at once but hears back from them only once the replies are let through (100 ms later:
+    // a node timeout well above that, so a stalled process cannot fail the round the test needs to win).
     const proxies = await Promise.all([2, 3, 4].map((i) => startProxy(nodes().nodes[i]!.port)));
     const clients = [
       ...[0, 1].map((i) => nodes().nodes[i]!.client()),
       ...proxies.map((p) => new Redis({ host: '127.0.0.1', port: p.port }).on('error', () => undefined)),
     ];
-    const locker = new Redlock(clients, { prefix, nodeTimeout: 150, retryCount: 2, retryDelay: 1 });
+    const locker = new Redlock(clients, { prefix, nodeTimeout: 1_000, retryCount: 2, retryDelay: 1 });
     onTestFinished(async () => {
       locker.close();
       for (const c of clients) c.disconnect();

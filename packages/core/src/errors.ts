@@ -49,10 +49,18 @@ export class LockBusyError extends HaspError {
 export class LockUnavailableError extends HaspError {
   /** Always `'LOCK_UNAVAILABLE'`, so that `instanceof` narrows the code too. */
   declare readonly code: 'LOCK_UNAVAILABLE';
+  /** The key of the lock concerned, when the failure concerns one (hasp's own errors always name it). */
+  readonly key: string | undefined;
 
-  constructor(message: string, options?: { cause?: unknown }) {
+  constructor(message: string, options?: { cause?: unknown; key?: string }) {
     super('LOCK_UNAVAILABLE', message, options);
+    this.key = options?.key;
   }
+}
+
+/** A {@link LockUnavailableError} for a lock operation on `key`: `lock <what> failed for "<key>": <reason>`. */
+export function lockFailed(what: string, key: string, reason: string, cause?: unknown): LockUnavailableError {
+  return new LockUnavailableError(`lock ${what} failed for "${truncate(key)}": ${reason}`, cause === undefined ? { key } : { cause, key });
 }
 
 /** The lease is no longer held (expired, released, or taken over), so it cannot be extended. */

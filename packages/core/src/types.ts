@@ -112,7 +112,8 @@ export interface Locker {
 export interface LockErrorEvent {
   /**
    * `extend`: an auto-extension failed (once per run of failed retries, until one gets through); `release`: a release
-   * inside `using` failed; `lost`: a lease was lost.
+   * inside `using` failed; `lost`: a lease was lost (when it ran out while its extensions failed, the last failure is
+   * the error's `cause`).
    */
   readonly operation: 'extend' | 'release' | 'lost';
   /** The key concerned. */

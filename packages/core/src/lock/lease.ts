@@ -1,6 +1,6 @@
 // The one Lease implementation every backend hands out: expiry tracking, extension, idempotent release, and the
 // abort signal that tells the holder its lock is gone.
-import { HaspError, LockLostError, LockUnavailableError } from '../errors.js';
+import { HaspError, LockLostError, lockFailed, LockUnavailableError } from '../errors.js';
 import type { Lease, LockErrorEvent } from '../types.js';
 import { backoff, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import * as v from '../util/validate.js';
@@ -32,6 +32,8 @@ export class LeaseImpl implements Lease {
   private expiry: number;
   private expiryTimer: NodeJS.Timeout | undefined;
   private extendTimer: NodeJS.Timeout | undefined;
+  /** The last auto-extension's failure, while the extensions fail (none has got through since). */
+  private extendFailure: HaspError | undefined;
   private releasing: Promise<boolean> | undefined;
   private released = false;
   private retryTimer: NodeJS.Timeout | undefined;
@@ -193,22 +195,21 @@ export class LeaseImpl implements Lease {
       this.extendTimer = setTimeout(tick, Math.max(0, delay));
       this.extendTimer.unref();
     };
-    // Whether the last extension failed: retries come ever faster as the lease runs out (they fail at once while the
-    // client reconnects), so only the first failure of a run is reported, not one event per retry in an outage.
-    let failing = false;
     const tick = () => {
       this.extendTimer = undefined;
       if (this.ended) return;
       this.extend().then(
         () => {
-          failing = false;
+          this.extendFailure = undefined;
           schedule((this.expiry - this.store.now()) / 2);
         },
         (error: unknown) => {
           if (this.ended) return; // lost (already reported) or released meanwhile
-          const err = error instanceof HaspError ? error : new LockUnavailableError('extension failed', { cause: error });
-          if (!failing) this.report({ operation: 'extend', key: this.key, error: err });
-          failing = true;
+          const err = error instanceof HaspError ? error : lockFailed('extend', this.key, String((error as Error)?.message ?? error), error);
+          // Retries come ever faster as the lease runs out (they fail at once while the client reconnects): only the
+          // first failure of a run is reported, not one event per retry; the last one is the cause of the loss.
+          if (this.extendFailure === undefined) this.report({ operation: 'extend', key: this.key, error: err });
+          this.extendFailure = err;
           // Transient failure: try again soon, while the lease is still valid; the expiry timer aborts otherwise.
           const left = this.expiry - this.store.now();
           schedule(Math.min(Math.max(left / 4, 5), 1_000));
@@ -293,7 +294,10 @@ export class LeaseImpl implements Lease {
 
   /** Marks the lease lost once the clock has passed its end (released and lost leases have ended already). */
   private checkExpiry(): void {
-    if (!this.ended && this.store.now() >= this.expiry) this.lose(new LockLostError(this.key, `lease on "${this.key}" expired`));
+    if (this.ended || this.store.now() < this.expiry) return;
+    const failure = this.extendFailure;
+    if (failure === undefined) this.lose(new LockLostError(this.key, `lease on "${this.key}" expired`));
+    else this.lose(new LockLostError(this.key, `lease on "${this.key}" expired: its extension failed (${failure.message})`, { cause: failure }));
   }
 
   private stopTimers(): void {

@@ -1,6 +1,6 @@
 // The behaviour every locker shares: option resolution, the acquire/wait loop with wake-ups, `using` with
 // auto-extension. Backends only supply a LockStore.
-import { HaspError, LockBusyError, LockLostError, LockUnavailableError } from '../errors.js';
+import { HaspError, LockBusyError, LockLostError, lockFailed, type LockUnavailableError } from '../errors.js';
 import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import { LONG_KEY_CHARS } from '../redis/keys.js';
@@ -113,8 +113,8 @@ function settledWithin(promise: Promise<void>, ms: number): Promise<void> {
 }
 
 /** The error of an acquire whose grants all came too late to be of use. */
-function tooSlow(took: number): LockUnavailableError {
-  return new LockUnavailableError(`lock acquire took ${took} ms, longer than the ttl allows: the lease would have ended`);
+function tooSlow(key: string, took: number): LockUnavailableError {
+  return lockFailed('acquire', key, `it took ${took} ms, longer than the ttl allows: the lease would have ended`);
 }
 
 const CALL_OPTIONS = ['ttl', 'wait', 'owner', 'signal'];
@@ -166,7 +166,7 @@ export abstract class BaseLocker implements Locker {
         () => undefined,
         (error: unknown) => {
           // Never mask the function's own outcome with a release failure; the lock expires by its ttl anyway.
-          const err = error instanceof HaspError ? error : new LockUnavailableError('release failed', { cause: error });
+          const err = error instanceof HaspError ? error : lockFailed('release', key, String((error as Error)?.message ?? error), error);
           this.reportError({ operation: 'release', key, error: err });
         },
       );
@@ -318,7 +318,7 @@ export abstract class BaseLocker implements Locker {
           handed = undefined;
           endWaitHere?.(false);
           endWaitHere = undefined;
-          if (deadline - this.store.now() <= 0) throw tooSlow(this.store.now() - since);
+          if (deadline - this.store.now() <= 0) throw tooSlow(key, this.store.now() - since);
           continue;
         }
         woken = false;
@@ -365,7 +365,7 @@ export abstract class BaseLocker implements Locker {
           }
           // Granted too late to be of use (Redis was slow, or Redlock needed retries): the time left in `wait` may
           // still get a lease that is.
-          if (deadline - this.store.now() <= 0) throw tooSlow(this.store.now() - started);
+          if (deadline - this.store.now() <= 0) throw tooSlow(key, this.store.now() - started);
           continue;
         }
         if (handed !== undefined) continue;

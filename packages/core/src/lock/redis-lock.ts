@@ -49,8 +49,9 @@ export class RedisLock extends BaseLocker {
 export function assertClient(name: string, value: unknown): void {
   const c = value as { evalsha?: unknown; duplicate?: unknown } | null;
   if (typeof c !== 'object' || c === null || typeof c.evalsha !== 'function' || typeof c.duplicate !== 'function') {
-    const hint = typeof value === 'string' ? ' (for a URL, pass new Redis(url))' : '';
-    throw new TypeError(`${name} must be an ioredis Redis or Cluster instance${hint}, got ${v.describe(value)}`);
+    // A string here is most likely a connection URL, password and all: not echoed in any form.
+    const got = typeof value === 'string' ? 'a string (for a URL, pass new Redis(url))' : v.describe(value);
+    throw new TypeError(`${name} must be an ioredis Redis or Cluster instance, got ${got}`);
   }
 }
 

@@ -1,5 +1,5 @@
 // LockStore over one Redis node or Cluster: each operation is one script call, bounded in time.
-import { LockUnavailableError } from '../errors.js';
+import { lockFailed } from '../errors.js';
 import { bounded } from '../redis/call.js';
 import { encodeKey, keyStem } from '../redis/keys.js';
 import { sendNow, unexpectedReply } from '../redis/script.js';
@@ -22,6 +22,18 @@ export function lockNames(prefix: string, key: string): LockNames {
   const stem = keyStem(prefix, key);
   // The scripts derive the channel from the lock's name the same way (lockKey .. ':w').
   return { lock: stem, fence: `${stem}:f`, queue: `${stem}:q`, deadlines: `${stem}:d`, channel: `${stem}:w` };
+}
+
+/** {@link lockNames} with the key they are for, which the stores' errors name. */
+export function storeNames(prefix: string, key: string): StoreNames {
+  const n = lockNames(prefix, key) as StoreNames;
+  n.key = key;
+  return n;
+}
+
+export interface StoreNames extends LockNames {
+  /** The key as the caller gave it. */
+  key: string;
 }
 
 export interface LockNames {
@@ -63,7 +75,7 @@ function forgetLater(set: Set<string>, token: string, ms: number): void {
 
 /** An acquire to give back (its token, or with an owner its hold) until `until` (store clock): see releaseUnsure. */
 interface Unsure {
-  n: LockNames;
+  n: StoreNames;
   until: number;
   hold: string;
 }
@@ -131,10 +143,11 @@ export class RedisLockStore implements LockStore {
   }
 
   attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
-    const n = lockNames(this.prefix, key);
+    const n = storeNames(this.prefix, key);
     const hold = holdId(token, owner);
     return this.call(
       'acquire',
+      n,
       () =>
         ACQUIRE.run(
           this.client,
@@ -150,7 +163,7 @@ export class RedisLockStore implements LockStore {
           // call's LEAVE could not go out) put the waiter back in the line, where it would hold up the next one until
           // its place lapses (1.5 to 3 s): it leaves the line, and only the line (a release here may have handed its
           // lease the lock under this token since, which a whole LEAVE would let go).
-          if (queue) this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token, LINE_ONLY])).catch(() => undefined);
+          if (queue) this.call('leave', n, () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token, LINE_ONLY])).catch(() => undefined);
           return;
         }
         // A lease of this locker holds the lock under this token now (a hand-over here): the grant is that lease's.
@@ -214,7 +227,7 @@ export class RedisLockStore implements LockStore {
       if (this.now() < u.until) this.holdBack(token, u);
       return;
     }
-    this.call('release', () => this.releaseScript(u.n, token, undefined, u.hold)).then(
+    this.call('release', u.n, () => this.releaseScript(u.n, token, undefined, u.hold)).then(
       () => {
         this.unsure.delete(token);
         this.unsureDelay = 0;
@@ -236,19 +249,19 @@ export class RedisLockStore implements LockStore {
   }
 
   async leave(key: string, token: string): Promise<void> {
-    const n = lockNames(this.prefix, key);
-    await this.call('leave', () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token]));
+    const n = storeNames(this.prefix, key);
+    await this.call('leave', n, () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token]));
   }
 
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
-    const n = lockNames(this.prefix, key);
+    const n = storeNames(this.prefix, key);
     const args = extendArgs(token, ttl, held?.hold, held?.cover);
-    const left = Number(await this.call('extend', () => EXTEND.run(this.client, [n.lock], args)));
+    const left = Number(await this.call('extend', n, () => EXTEND.run(this.client, [n.lock], args)));
     return left < 0 ? null : left;
   }
 
   release(key: string, token: string, from?: Releasing, _shared?: boolean, hold = '', _until?: number, cover = ''): Promise<boolean> {
-    const n = lockNames(this.prefix, key);
+    const n = storeNames(this.prefix, key);
     const heir = this.local.get(key)?.[0];
     // A chain already as long as a cover can name (see handOver) goes through Redis instead.
     if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered && coverLength(cover) < COVER_MAX) {
@@ -270,7 +283,7 @@ export class RedisLockStore implements LockStore {
         }
       };
     }
-    return this.call('release', () => this.releaseScript(n, token, heir, hold, cover), handOff, (reply) => {
+    return this.call('release', n, () => this.releaseScript(n, token, heir, hold, cover), handOff, (reply) => {
       handOff?.(reply);
       return Array.isArray(reply) || Number(reply) !== 0;
     });
@@ -386,7 +399,7 @@ export class RedisLockStore implements LockStore {
    * its reply the heir's lease runs on the releasing one (`expiresAt`): the lock stays under the releasing token there,
    * so nobody else can take it. Resolves whether the releasing token held the lock.
    */
-  private handOver(n: LockNames, key: string, token: string, heir: LocalWaiter, fence: number, since: number, expiresAt: number, cover: string): Promise<boolean> {
+  private handOver(n: StoreNames, key: string, token: string, heir: LocalWaiter, fence: number, since: number, expiresAt: number, cover: string): Promise<boolean> {
     let settle!: (expiresAt: number | null) => void;
     const confirmation = new Promise<number | null>((resolve) => (settle = resolve));
     this.dropLocal(key, heir);
@@ -404,7 +417,7 @@ export class RedisLockStore implements LockStore {
     };
     const args = [token, heir.token, fence, heir.ttl, ownerName(heir.owner)];
     if (cover !== '') args.push(cover);
-    return this.call('release', () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args), recorded, recorded).catch(() => {
+    return this.call('release', n, () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args), recorded, recorded).catch(() => {
       // Not recorded (yet): the heir keeps the releasing lease's time, and a late reply still settles it. For the
       // releasing holder the lock has passed on either way.
       return true;
@@ -423,6 +436,7 @@ export class RedisLockStore implements LockStore {
   // One promise, not an async function or a chain: this runs twice per lock cycle, and every await costs a tick.
   private call<T, R = T>(
     what: string,
+    n: StoreNames,
     op: () => Promise<T>,
     late?: (result: T) => void,
     map?: (result: T) => R,
@@ -434,7 +448,7 @@ export class RedisLockStore implements LockStore {
       op,
       late,
       map,
-      (error) => new LockUnavailableError(`lock ${what} failed: ${(error as Error).message}`, { cause: error }),
+      (error) => lockFailed(what, n.key, (error as Error).message, error),
       unsure,
     );
   }

@@ -15,8 +15,13 @@ export class RedisCallError extends Error {
   }
 }
 
-// ioredis states in which a command would sit in the offline queue or fail anyway: answer at once instead.
-const DOWN = new Set(['end', 'close', 'reconnecting']);
+// ioredis states in which a command would sit in the offline queue or fail anyway, and how the messages say them:
+// answer at once instead.
+const DOWN = new Map([
+  ['end', 'has ended'],
+  ['close', 'is closed'],
+  ['reconnecting', 'is reconnecting'],
+]);
 
 /**
  * Why a command must not be sent on `client` now (it would fail, or wait in ioredis's offline queue and run long after
@@ -29,7 +34,8 @@ export function unavailable(client: RedisClient): RedisCallError | undefined {
     manuallyClosing?: unknown;
   };
   if (status === 'ready' && manuallyClosing !== true) return undefined;
-  if (status !== undefined && DOWN.has(status)) return new RedisCallError(`Redis connection${to(client)} is ${status}`, true);
+  const down = status === undefined ? undefined : DOWN.get(status);
+  if (down !== undefined) return new RedisCallError(`Redis connection${to(client)} ${down}`, true);
   // After the user's quit() the server closes the socket: a command written then fails with EPIPE, and the close
   // that follows rejects the user's own QUIT with "Connection is closed" if its reply was not read yet.
   if (manuallyClosing === true) return new RedisCallError(`Redis connection${to(client)} is closing`, true);

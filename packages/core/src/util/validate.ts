@@ -14,13 +14,16 @@ export function definedOnly<T extends object>(options: T | undefined): Partial<T
 }
 
 /**
- * A short description of a bad option's value for an error message. A string is quoted (shortened) with a URL's
- * user and password left out: a Redis URL passed where a client goes would otherwise put its password in crash logs.
+ * A short description of a bad option's value for an error message. A string is quoted (shortened) with what looks
+ * like credentials left out (a URL's user and password, `user:password@` without a scheme, a `password=` parameter):
+ * a connection string passed for some option would otherwise put its password in crash logs.
  */
 export function describe(value: unknown): string {
   if (value === null) return 'null';
   if (typeof value === 'string') {
-    const shown = value.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/i, '$1***@');
+    const shown = value
+      .replace(/^(\s*(?:[a-z][a-z0-9+.-]*:\/\/)?)[^/?#\s]*@/i, '$1***@')
+      .replace(/([?&;](?:password|pass|pwd|secret|token)=)[^&#;]*/gi, '$1***');
     return `"${shown.length > 40 ? `${shown.slice(0, 37)}...` : shown}"`;
   }
   if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') return String(value);
