@@ -1194,14 +1194,29 @@ describe('RedisLock hand-overs Redis refuses', () => {
   // Redis refuses every write while it is a replica (READONLY), the hand-over's TRANSFER script included.
   const refuse = () => admin.replicaof('127.0.0.1', '1');
   const recover = () => admin.replicaof('NO', 'ONE');
-  /** `count` waiters of `locks` on 'k', queued and each knowing who is ahead of it, so a release hands the lock down. */
+  /**
+   * `count` waiters of `locks` on 'k', queued and each knowing who is ahead of it, so a release hands the lock down; the
+   * first also done with the attempt it makes once subscribed (its second refusal), which would fail on a Redis
+   * refusing writes and take it out of the line (on a loaded machine the subscription can come after the first).
+   */
   const localWaiters = async (count: number): Promise<Promise<Lease>[]> => {
     const waiting: Promise<Lease>[] = [];
-    type Local = Map<string, { ahead?: Set<string> | null }[]>;
-    const local = (locks as unknown as { store: { local: Local } }).store.local;
+    type Local = Map<string, { token: string; ahead?: Set<string> | null }[]>;
+    type Store = { local: Local; noteAhead(key: string, token: string, ahead: unknown): void };
+    const store = (locks as unknown as { store: Store }).store;
+    const refusals = new Map<string, number>();
+    const noteAhead = store.noteAhead.bind(store);
+    store.noteAhead = (key, token, ahead) => {
+      refusals.set(token, (refusals.get(token) ?? 0) + 1);
+      noteAhead(key, token, ahead);
+    };
     for (let i = 0; i < count; i++) {
       waiting.push(locks.acquire('k', { wait: 10_000 }));
-      await until(() => local.get('k')?.[i]?.ahead?.size === i, 3_000, `waiter ${i} to know who is ahead of it`);
+      await until(() => store.local.get('k')?.[i]?.ahead?.size === i, 3_000, `waiter ${i} to know who is ahead of it`);
+      // The first subscribes the channel; the others find it subscribed and sleep (a second's poll at most).
+      const token = store.local.get('k')![i]!.token;
+      if (i === 0) await until(() => (refusals.get(token) ?? 0) >= 2, 3_000, 'the first waiter to try again once subscribed');
+
     }
     return waiting;
   };
