@@ -5,7 +5,7 @@ import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, Usin
 import { randomToken } from '../util/token.js';
 import { LONG_KEY_CHARS } from '../redis/keys.js';
 import { ignoreRejection, watchAbort } from '../util/abort.js';
-import { realClearTimeout, realSetTimeout } from '../util/real-timers.js';
+import { realClearTimeout, realPerfNow, realSetTimeout } from '../util/real-timers.js';
 import * as v from '../util/validate.js';
 import { LeaseImpl, type LeaseTies } from './lease.js';
 import { MAX_POLL_MS } from './scripts.lua.js';
@@ -103,8 +103,16 @@ function count(counts: Map<string, number>, token: string, by: number): void {
 function settledWithin(promise: Promise<void>, ms: number): Promise<void> {
   if (ms <= 0) return Promise.resolve();
   if (ms === Infinity) return promise;
+  // By the real clock, not the timer alone: a timer counts from the event loop's cached time, which lags the clock by
+  // however long the current turn has run (ms on a busy process); and 1 ms more, as Redis lets a key go only once its
+  // ms clock is past the key's end. (The real clock, not the store's: a fake or injected one may never move.)
+  const until = realPerfNow() + ms + 1;
   return new Promise((resolve) => {
-    const timer = realSetTimeout(resolve, Math.ceil(ms));
+    let timer: NodeJS.Timeout;
+    const arm = (): void => {
+      timer = realSetTimeout(() => (realPerfNow() < until ? arm() : resolve()), Math.ceil(until - realPerfNow()));
+    };
+    arm();
     void promise.then(() => {
       realClearTimeout(timer);
       resolve();

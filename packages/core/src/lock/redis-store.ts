@@ -26,9 +26,9 @@ export function lockNames(prefix: string, key: string): LockNames {
 
 /** {@link lockNames} with the key they are for, which the stores' errors name. */
 export function storeNames(prefix: string, key: string): StoreNames {
-  const n = lockNames(prefix, key) as StoreNames;
-  n.key = key;
-  return n;
+  // Built whole rather than added to lockNames' object: a property added later costs V8 a second allocation per call.
+  const stem = keyStem(prefix, key);
+  return { key, lock: stem, fence: `${stem}:f`, queue: `${stem}:q`, deadlines: `${stem}:d`, channel: `${stem}:w` };
 }
 
 export interface StoreNames extends LockNames {

@@ -21,9 +21,11 @@ export function definedOnly<T extends object>(options: T | undefined): Partial<T
 export function describe(value: unknown): string {
   if (value === null) return 'null';
   if (typeof value === 'string') {
+    // A URL or anything with an '@' may carry a password in a shape no pattern foresees: not shown at all.
+    if (/:\/\/|@/.test(value)) return `a string of ${value.length} characters (not shown: it may hold credentials)`;
     const shown = value
       .replace(/^(\s*(?:[a-z][a-z0-9+.-]*:\/\/)?)[^/?#\s]*@/i, '$1***@')
-      .replace(/([?&;](?:password|pass|pwd|secret|token)=)[^&#;]*/gi, '$1***');
+      .replace(/([?&;][^=&#;]*(?:pass|pwd|secret|token|auth)[^=&#;]*=)[^&#;]*/gi, '$1***');
     return `"${shown.length > 40 ? `${shown.slice(0, 37)}...` : shown}"`;
   }
   if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') return String(value);
