@@ -674,8 +674,9 @@ describe('Redlock reentrancy with faults', () => {
     // The waiter reaches each node through a proxy that can hold its commands on their way; everyone else goes direct.
     const proxies = await Promise.all(nodes.nodes.map((n) => startProxy(n.port)));
     const clients = proxies.map((p) => new Redis({ host: '127.0.0.1', port: p.port }).on('error', () => undefined));
-    // Rounds of 100 ms, 300-600 ms apart: room to act between them, and enough of them to outlast the scenario.
-    const waiter = new Redlock(clients, { prefix, nodeTimeout: 100, retryCount: 10, retryDelay: 300 });
+    // Rounds of 100 ms, 300-600 ms apart: room to act between them, and enough of them to outlast the scenario (20:
+    // with 10, a loaded machine once ran out of rounds before the one that puts the waiter back).
+    const waiter = new Redlock(clients, { prefix, nodeTimeout: 100, retryCount: 20, retryDelay: 300 });
     made.push({ locker: waiter, clients });
     // The attempt an abort abandons goes on in the background: kept here, so the test can tell when it has settled.
     const store = (waiter as unknown as { store: Pick<LockStore, 'attempt'> }).store;
