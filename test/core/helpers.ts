@@ -139,3 +139,27 @@ export function privateRedis(): { readonly node: RedisNode; readonly admin: Redi
     },
   };
 }
+
+/**
+ * Counts the refusals of each waiter of `locker` (a RedisLock), from now on. `settled(key)` waits until the first waiter
+ * on `key` in this process has made the attempt a waiter makes right after its subscription is confirmed (its second
+ * refusal): on a loaded machine that can come well after the waiter shows in the line, and land after whatever the
+ * test does next to Redis (deleting the lock, making it refuse writes).
+ */
+export function refusalCounter(locker: object): { settled(key: string, what: string): Promise<void> } {
+  type Store = { local: Map<string, { token: string }[]>; noteAhead(key: string, token: string, ahead: unknown): void };
+  const store = (locker as { store: Store }).store;
+  const refusals = new Map<string, number>();
+  const noteAhead = store.noteAhead.bind(store);
+  store.noteAhead = (key, token, ahead) => {
+    refusals.set(token, (refusals.get(token) ?? 0) + 1);
+    noteAhead(key, token, ahead);
+  };
+  return {
+    async settled(key, what) {
+      await until(() => store.local.get(key)?.[0] !== undefined, 3_000, `${what} in this process's line`);
+      const token = store.local.get(key)![0]!.token;
+      await until(() => (refusals.get(token) ?? 0) >= 2, 3_000, `${what} to try again once subscribed`);
+    },
+  };
+}

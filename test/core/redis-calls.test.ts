@@ -32,7 +32,7 @@ import { inspect } from 'node:util';
 import { startProxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { abortReason, bucketKey, commandStats as statsOf, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
+import { abortReason, bucketKey, commandStats as statsOf, refusalCounter, rejection, scriptCommands as scriptsOf, uniquePrefix, until, within } from './helpers.js';
 
 let node: RedisNode;
 let admin: Redis;
@@ -814,8 +814,11 @@ describe('Redis calls', () => {
       const events: LockErrorEvent[] = [];
       const locks = new RedisLock(client, { prefix, ttl: 20_000, onError: (e) => events.push(e) });
       const held = await locks.acquire('k');
+      const refusals = refusalCounter(locks);
       const waiter = locks.acquire('k', { wait: 10_000 });
       await queued(prefix, 'k', 1, 'the waiter to queue');
+      // (Its attempt once subscribed would otherwise find the lock gone below, and take it from Redis.)
+      await refusals.settled('k', 'the waiter');
       await client.ping();
       // What this process cannot see: the lease expired there (a stall), or a fence was made elsewhere.
       if (fault === 'gone') await admin.del(names.lock);

@@ -18,7 +18,7 @@ import { lockNames } from '../../packages/core/src/lock/redis-store.js';
 import { FREE_HEAD_GRACE_MS, LEAVE } from '../../packages/core/src/lock/scripts.lua.js';
 import { HOSTILE_KEYS } from './fixtures.js';
 import { trackUnhandled } from '../redlock/support.js';
-import { abortReason, rejection, uniquePrefix, until, within } from './helpers.js';
+import { abortReason, refusalCounter, rejection, uniquePrefix, until, within } from './helpers.js';
 
 afterAll(async () => {
   await stopAll();
@@ -1201,22 +1201,14 @@ describe('RedisLock hand-overs Redis refuses', () => {
    */
   const localWaiters = async (count: number): Promise<Promise<Lease>[]> => {
     const waiting: Promise<Lease>[] = [];
-    type Local = Map<string, { token: string; ahead?: Set<string> | null }[]>;
-    type Store = { local: Local; noteAhead(key: string, token: string, ahead: unknown): void };
-    const store = (locks as unknown as { store: Store }).store;
-    const refusals = new Map<string, number>();
-    const noteAhead = store.noteAhead.bind(store);
-    store.noteAhead = (key, token, ahead) => {
-      refusals.set(token, (refusals.get(token) ?? 0) + 1);
-      noteAhead(key, token, ahead);
-    };
+    type Local = Map<string, { ahead?: Set<string> | null }[]>;
+    const local = (locks as unknown as { store: { local: Local } }).store.local;
+    const refusals = refusalCounter(locks);
     for (let i = 0; i < count; i++) {
       waiting.push(locks.acquire('k', { wait: 10_000 }));
-      await until(() => store.local.get('k')?.[i]?.ahead?.size === i, 3_000, `waiter ${i} to know who is ahead of it`);
+      await until(() => local.get('k')?.[i]?.ahead?.size === i, 3_000, `waiter ${i} to know who is ahead of it`);
       // The first subscribes the channel; the others find it subscribed and sleep (a second's poll at most).
-      const token = store.local.get('k')![i]!.token;
-      if (i === 0) await until(() => (refusals.get(token) ?? 0) >= 2, 3_000, 'the first waiter to try again once subscribed');
-
+      if (i === 0) await refusals.settled('k', 'the first waiter');
     }
     return waiting;
   };
