@@ -141,12 +141,14 @@ export function privateRedis(): { readonly node: RedisNode; readonly admin: Redi
 }
 
 /**
- * Counts the refusals of each waiter of `locker` (a RedisLock), from now on. `settled(key)` waits until the first waiter
- * on `key` in this process has made the attempt a waiter makes right after its subscription is confirmed (its second
- * refusal): on a loaded machine that can come well after the waiter shows in the line, and land after whatever the
- * test does next to Redis (deleting the lock, making it refuse writes).
+ * Counts the refusals of each waiter of `locker` (a RedisLock), from now on. `settled` waits until the first waiter on
+ * `key` in this process is subscribed to the key's channel (as the server on `admin` sees it) and has been refused twice
+ * since: so the attempt a waiter makes once its subscription is confirmed, and the polls it makes every 50 ms until
+ * then, are behind it, and its next attempt is up to a second away. On a loaded machine the subscription can come well
+ * after the waiter shows in the line, and those attempts land after whatever the test does next to Redis (deleting
+ * the lock, making it refuse writes).
  */
-export function refusalCounter(locker: object): { settled(key: string, what: string): Promise<void> } {
+export function refusalCounter(locker: object): { settled(key: string, what: string, admin: Redis, channel: string): Promise<void> } {
   type Store = { local: Map<string, { token: string }[]>; noteAhead(key: string, token: string, ahead: unknown): void };
   const store = (locker as { store: Store }).store;
   const refusals = new Map<string, number>();
@@ -156,10 +158,12 @@ export function refusalCounter(locker: object): { settled(key: string, what: str
     noteAhead(key, token, ahead);
   };
   return {
-    async settled(key, what) {
+    async settled(key, what, admin, channel) {
       await until(() => store.local.get(key)?.[0] !== undefined, 3_000, `${what} in this process's line`);
       const token = store.local.get(key)![0]!.token;
-      await until(() => (refusals.get(token) ?? 0) >= 2, 3_000, `${what} to try again once subscribed`);
+      await until(async () => Number((await admin.pubsub('NUMSUB', channel))[1]) > 0, 3_000, `${what} to subscribe`);
+      const before = refusals.get(token) ?? 0;
+      await until(() => (refusals.get(token) ?? 0) >= before + 2, 5_000, `${what} to be refused twice once subscribed`);
     },
   };
 }

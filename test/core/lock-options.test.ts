@@ -88,11 +88,29 @@ describe('locker clients', () => {
       'redis://h:6379/0#password=hunter2',
       '/tmp/r.sock?requirepass=hunter2',
       'h:6379?auth=hunter2',
+      'localhost:6379,password=hunter2',
+      'host=h port=6379 password=hunter2',
+      'PASSWORD=hunter2',
+      '{"host":"h","password":"hunter2"}',
+      'h?pw=hunter2',
+      'redis%3A%2F%2Fu%3Ahunter2%40h',
     ];
     for (const value of shown) {
       expect(() => new MemoryLock({ ttl: value as never })).toThrow(/^ttl must be a/);
       expect(() => new MemoryLock({ ttl: value as never })).not.toThrow(/hunter2/);
     }
+  });
+
+  it('shows a bad value in time linear in its length, however it is made (values from a request reach it)', () => {
+    const started = performance.now();
+    for (const value of ['?pass'.repeat(200_000), `${'a'.repeat(1_000_000)}@`, '?'.repeat(1_000_000)]) {
+      expect(() => new MemoryLock({ ttl: value as never })).toThrow(/^ttl must be a number, got (a string of \d+ characters|")/);
+    }
+    expect(performance.now() - started).toBeLessThan(2_000);
+  });
+
+  it('still shows ordinary values', () => {
+    expect(() => new MemoryLock({ ttl: '5000' as never })).toThrow('ttl must be a number, got "5000"');
   });
 
   it('never puts the password of a Redis URL passed for a client into the message, and says what to pass', () => {

@@ -818,7 +818,7 @@ describe('Redis calls', () => {
       const waiter = locks.acquire('k', { wait: 10_000 });
       await queued(prefix, 'k', 1, 'the waiter to queue');
       // (Its attempt once subscribed would otherwise find the lock gone below, and take it from Redis.)
-      await refusals.settled('k', 'the waiter');
+      await refusals.settled('k', 'the waiter', admin, names.channel);
       await client.ping();
       // What this process cannot see: the lease expired there (a stall), or a fence was made elsewhere.
       if (fault === 'gone') await admin.del(names.lock);

@@ -929,7 +929,8 @@ describe('RedisLock when Redis fails', () => {
           async (lease) => {
             const first = lease.expiresAt;
             // The first auto-extension (at half the ttl) reaches Redis 400 ms after it was sent: Redis keeps the key a
-            // ttl from then, longer than the lease counts (from before it was sent)...
+            // ttl from then, longer than the lease counts (from before it was sent)... (A 2 s ttl: with 1 s, a loaded
+            // machine's late timers let the reply come after the lease had ended by its clock, which nothing extends.)
             const letGo = proxy.holdCommands();
             await within(Promise.race([proxy.sent('eval'), proxy.sent('evalsha')]), 2_000, 'the extension');
             await new Promise((resolve) => setTimeout(resolve, 400));
@@ -938,11 +939,11 @@ describe('RedisLock when Redis fails', () => {
             // lease runs out by its own clock, and its release hangs.
             letGoLater = proxy.holdCommands();
             await until(() => lease.expiresAt > first, 2_000, 'the extension’s reply');
-            await abortReason(lease.signal, 3_000, 'the lease to run out');
+            await abortReason(lease.signal, 5_000, 'the lease to run out');
           },
-          { ttl: 1_000 },
+          { ttl: 2_000 },
         ),
-        5_000,
+        8_000,
         'using',
       );
       expect(await other.tryAcquire('k')).not.toBeNull();
@@ -1196,8 +1197,8 @@ describe('RedisLock hand-overs Redis refuses', () => {
   const recover = () => admin.replicaof('NO', 'ONE');
   /**
    * `count` waiters of `locks` on 'k', queued and each knowing who is ahead of it, so a release hands the lock down; the
-   * first also done with the attempt it makes once subscribed (its second refusal), which would fail on a Redis
-   * refusing writes and take it out of the line (on a loaded machine the subscription can come after the first).
+   * first also subscribed and done with its early attempts (see refusalCounter), any of which would fail on a Redis
+   * refusing writes and take it out of the line.
    */
   const localWaiters = async (count: number): Promise<Promise<Lease>[]> => {
     const waiting: Promise<Lease>[] = [];
@@ -1208,7 +1209,7 @@ describe('RedisLock hand-overs Redis refuses', () => {
       waiting.push(locks.acquire('k', { wait: 10_000 }));
       await until(() => local.get('k')?.[i]?.ahead?.size === i, 3_000, `waiter ${i} to know who is ahead of it`);
       // The first subscribes the channel; the others find it subscribed and sleep (a second's poll at most).
-      if (i === 0) await refusals.settled('k', 'the first waiter');
+      if (i === 0) await refusals.settled('k', 'the first waiter', admin, names.channel);
     }
     return waiting;
   };
