@@ -94,6 +94,7 @@ describe('locker clients', () => {
       '{"host":"h","password":"hunter2"}',
       'h?pw=hunter2',
       'redis%3A%2F%2Fu%3Ahunter2%40h',
+      '{"pw":"hunter2"}',
     ];
     for (const value of shown) {
       expect(() => new MemoryLock({ ttl: value as never })).toThrow(/^ttl must be a/);

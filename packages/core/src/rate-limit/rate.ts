@@ -36,11 +36,11 @@ export function parseRate(rate: unknown, name = 'rate'): number {
   const unit = m?.[3]?.toLowerCase();
   const unitMs = unit !== undefined && Object.hasOwn(UNIT_MS, unit) ? UNIT_MS[unit] : undefined;
   if (!m || unitMs === undefined) {
-    throw new RangeError(`${name} ${describe(rate)} is not a rate: use tokens per second or a string like '2/s', '30/min', '100/h', '1000/d'`);
+    throw new RangeError(`${name} must be tokens per second or a string like '2/s', '30/min', '100/h', '1000/d', got ${describe(rate)}`);
   }
   const tokens = Number(m[1]);
   const per = (m[2] === undefined ? 1 : Number(m[2])) * unitMs;
   const perSecond = (tokens * 1_000) / per;
-  if (!Number.isFinite(perSecond) || perSecond <= 0) throw new RangeError(`${name} ${describe(rate)} must be a positive rate`);
+  if (!Number.isFinite(perSecond) || perSecond <= 0) throw new RangeError(`${name} must be a positive rate, got ${describe(rate)}`);
   return perSecond;
 }

@@ -13,9 +13,10 @@ export function definedOnly<T extends object>(options: T | undefined): Partial<T
   return out;
 }
 
-// A URL (also percent-encoded), user@host, or a parameter that names a secret, in any of the shapes connection strings
-// take ('?password=', ',password=', 'PASSWORD=', JSON): alternatives of plain text, so the test is linear in the length.
-const MAY_HOLD_CREDENTIALS = /:\/\/|@|%40|%3a%2f%2f|pass|pwd|pw=|secret|token|auth|credential|apikey|api_key|sig=/i;
+// A URL (also percent-encoded), user@host, or the name of a secret wherever it stands ('?password=', ',password=',
+// 'PASSWORD=', a JSON key): alternatives of plain text, so the test is linear in the length. Common shapes, not every
+// one: a string passed for the wrong option is cut at 40 characters besides.
+const MAY_HOLD_CREDENTIALS = /:\/\/|@|%40|%3a%2f%2f|pass|pwd|\bpw\b|secret|token|auth|credential|apikey|api_key|sig=/i;
 
 /**
  * A short description of a bad option's value for an error message. A string is quoted (shortened), unless it may be a
