@@ -24,18 +24,6 @@ export function lockNames(prefix: string, key: string): LockNames {
   return { lock: stem, fence: `${stem}:f`, queue: `${stem}:q`, deadlines: `${stem}:d`, channel: `${stem}:w` };
 }
 
-/** {@link lockNames} with the key they are for, which the stores' errors name. */
-export function storeNames(prefix: string, key: string): StoreNames {
-  // Built whole rather than added to lockNames' object: a property added later costs V8 a second allocation per call.
-  const stem = keyStem(prefix, key);
-  return { key, lock: stem, fence: `${stem}:f`, queue: `${stem}:q`, deadlines: `${stem}:d`, channel: `${stem}:w` };
-}
-
-export interface StoreNames extends LockNames {
-  /** The key as the caller gave it. */
-  key: string;
-}
-
 export interface LockNames {
   lock: string;
   fence: string;
@@ -75,7 +63,8 @@ function forgetLater(set: Set<string>, token: string, ms: number): void {
 
 /** An acquire to give back (its token, or with an owner its hold) until `until` (store clock): see releaseUnsure. */
 interface Unsure {
-  n: StoreNames;
+  key: string;
+  n: LockNames;
   until: number;
   hold: string;
 }
@@ -143,11 +132,11 @@ export class RedisLockStore implements LockStore {
   }
 
   attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
-    const n = storeNames(this.prefix, key);
+    const n = lockNames(this.prefix, key);
     const hold = holdId(token, owner);
     return this.call(
       'acquire',
-      n,
+      key,
       () =>
         ACQUIRE.run(
           this.client,
@@ -163,14 +152,14 @@ export class RedisLockStore implements LockStore {
           // call's LEAVE could not go out) put the waiter back in the line, where it would hold up the next one until
           // its place lapses (1.5 to 3 s): it leaves the line, and only the line (a release here may have handed its
           // lease the lock under this token since, which a whole LEAVE would let go).
-          if (queue) this.call('leave', n, () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token, LINE_ONLY])).catch(() => undefined);
+          if (queue) this.call('leave', key, () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token, LINE_ONLY])).catch(() => undefined);
           return;
         }
         // A lease of this locker holds the lock under this token now (a hand-over here): the grant is that lease's.
         if (this.isLive(token)) return;
         // Not a grant under our own token while a release here may have handed it the lock: that lease's now, or, if
         // the release answers that it went elsewhere, given back then.
-        if (r.token === token && this.named.has(token)) this.holdBack(token, { n, until: this.now() + ttl, hold });
+        if (r.token === token && this.named.has(token)) this.holdBack(token, { key, n, until: this.now() + ttl, hold });
         else this.releaseScript(n, r.token, undefined, hold).catch(() => undefined);
       },
       queue || hold !== ''
@@ -184,7 +173,7 @@ export class RedisLockStore implements LockStore {
             return hold === '' ? r : { ...r, hold };
           }
         : parseAttempt,
-      () => this.releaseUnsure(token, { n, until: this.now() + ttl, hold }),
+      () => this.releaseUnsure(token, { key, n, until: this.now() + ttl, hold }),
     );
   }
 
@@ -227,7 +216,7 @@ export class RedisLockStore implements LockStore {
       if (this.now() < u.until) this.holdBack(token, u);
       return;
     }
-    this.call('release', u.n, () => this.releaseScript(u.n, token, undefined, u.hold)).then(
+    this.call('release', u.key, () => this.releaseScript(u.n, token, undefined, u.hold)).then(
       () => {
         this.unsure.delete(token);
         this.unsureDelay = 0;
@@ -249,19 +238,19 @@ export class RedisLockStore implements LockStore {
   }
 
   async leave(key: string, token: string): Promise<void> {
-    const n = storeNames(this.prefix, key);
-    await this.call('leave', n, () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token]));
+    const n = lockNames(this.prefix, key);
+    await this.call('leave', key, () => LEAVE.run(this.client, [n.lock, n.queue, n.deadlines], [token]));
   }
 
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
-    const n = storeNames(this.prefix, key);
+    const n = lockNames(this.prefix, key);
     const args = extendArgs(token, ttl, held?.hold, held?.cover);
-    const left = Number(await this.call('extend', n, () => EXTEND.run(this.client, [n.lock], args)));
+    const left = Number(await this.call('extend', key, () => EXTEND.run(this.client, [n.lock], args)));
     return left < 0 ? null : left;
   }
 
   release(key: string, token: string, from?: Releasing, _shared?: boolean, hold = '', _until?: number, cover = ''): Promise<boolean> {
-    const n = storeNames(this.prefix, key);
+    const n = lockNames(this.prefix, key);
     const heir = this.local.get(key)?.[0];
     // A chain already as long as a cover can name (see handOver) goes through Redis instead.
     if (heir !== undefined && from !== undefined && heir.ahead?.size === 0 && this.ordered && coverLength(cover) < COVER_MAX) {
@@ -283,7 +272,7 @@ export class RedisLockStore implements LockStore {
         }
       };
     }
-    return this.call('release', n, () => this.releaseScript(n, token, heir, hold, cover), handOff, (reply) => {
+    return this.call('release', key, () => this.releaseScript(n, token, heir, hold, cover), handOff, (reply) => {
       handOff?.(reply);
       return Array.isArray(reply) || Number(reply) !== 0;
     });
@@ -399,7 +388,7 @@ export class RedisLockStore implements LockStore {
    * its reply the heir's lease runs on the releasing one (`expiresAt`): the lock stays under the releasing token there,
    * so nobody else can take it. Resolves whether the releasing token held the lock.
    */
-  private handOver(n: StoreNames, key: string, token: string, heir: LocalWaiter, fence: number, since: number, expiresAt: number, cover: string): Promise<boolean> {
+  private handOver(n: LockNames, key: string, token: string, heir: LocalWaiter, fence: number, since: number, expiresAt: number, cover: string): Promise<boolean> {
     let settle!: (expiresAt: number | null) => void;
     const confirmation = new Promise<number | null>((resolve) => (settle = resolve));
     this.dropLocal(key, heir);
@@ -417,7 +406,7 @@ export class RedisLockStore implements LockStore {
     };
     const args = [token, heir.token, fence, heir.ttl, ownerName(heir.owner)];
     if (cover !== '') args.push(cover);
-    return this.call('release', n, () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args), recorded, recorded).catch(() => {
+    return this.call('release', key, () => TRANSFER.run(this.client, [n.lock, n.queue, n.deadlines, n.fence], args), recorded, recorded).catch(() => {
       // Not recorded (yet): the heir keeps the releasing lease's time, and a late reply still settles it. For the
       // releasing holder the lock has passed on either way.
       return true;
@@ -436,7 +425,7 @@ export class RedisLockStore implements LockStore {
   // One promise, not an async function or a chain: this runs twice per lock cycle, and every await costs a tick.
   private call<T, R = T>(
     what: string,
-    n: StoreNames,
+    key: string,
     op: () => Promise<T>,
     late?: (result: T) => void,
     map?: (result: T) => R,
@@ -448,7 +437,7 @@ export class RedisLockStore implements LockStore {
       op,
       late,
       map,
-      (error) => lockFailed(what, n.key, (error as Error).message, error),
+      (error) => lockFailed(what, key, (error as Error).message, error),
       unsure,
     );
   }

@@ -16,7 +16,7 @@ import { backoff, makeRoom, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bound
 import { monotonicNow } from '../util/clock.js';
 import { realSetTimeout } from '../util/real-timers.js';
 import { randomToken } from '../util/token.js';
-import { driftFor, lockNames, ownerName, parseAttempt, storeNames, type LockNames, type StoreNames } from './redis-store.js';
+import { driftFor, lockNames, ownerName, parseAttempt, type LockNames } from './redis-store.js';
 import { ACQUIRE, EXTEND, extendArgs, holdId, LEAVE, RAISE_FENCE, RELEASE, releaseArgs, REDLOCK_POLL_MS, RESTORE, WAKE } from './scripts.lua.js';
 import type { AttemptResult, Held, LockStore } from './store.js';
 
@@ -107,7 +107,7 @@ export class RedlockStore implements LockStore {
   // heartbeat, and its votes alone cannot hold anyone up).
   async leave(key: string, waiter: string): Promise<void> {
     this.places.delete(waiter);
-    const n = storeNames(this.s.prefix, key);
+    const n = lockNames(this.s.prefix, key);
     const keys = [n.lock, n.queue, n.deadlines];
     const args = [waiter];
     await boundedAll(
@@ -120,7 +120,7 @@ export class RedlockStore implements LockStore {
   }
 
   async extend(key: string, token: string, ttl: number, held?: Held): Promise<number | null> {
-    const n = storeNames(this.s.prefix, key);
+    const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     const timeout = this.nodeTimeout(ttl);
     const keys = [n.lock];
@@ -160,7 +160,7 @@ export class RedlockStore implements LockStore {
       for (const [i, o] of outcomes.entries()) if (o?.ok && o.value >= 0) drop(i);
       return null;
     }
-    throw this.unavailable('extend', n, outcomes);
+    throw this.unavailable('extend', key, outcomes);
   }
 
   async release(key: string, token: string, _from?: unknown, shared = false, hold = '', until?: number): Promise<boolean> {
@@ -171,7 +171,7 @@ export class RedlockStore implements LockStore {
       makeRoom(this.released, RELEASED_MAX);
       this.released.add(token);
     }
-    const n = storeNames(this.s.prefix, key);
+    const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     // Release goes to every node, including those that never answered the acquire, and settles once the answer is
     // known, so a paused node does not hold it up (its RELEASE stays queued and runs when the node resumes).
@@ -199,7 +199,7 @@ export class RedlockStore implements LockStore {
     // With more nodes failed than a quorum can spare, the outcome is unknown: the caller may retry (nodes that answered
     // return 0 then). Nodes still unheard are no failure: the round settled without them because the answers already
     // tell (enough nodes no longer held the lock).
-    if (failedCount(outcomes) > this.clients.length - q) throw this.unavailable('release', n, outcomes);
+    if (failedCount(outcomes) > this.clients.length - q) throw this.unavailable('release', key, outcomes);
     // Decided without the nodes that failed (down, or reconnecting: then it never went out there): the lock stays on
     // them until its ttl (with an owner, the hold's), voting against everyone. Sent
     // again to them in the background until they take it or the lease would have ended (harmless where it ran: by
@@ -257,7 +257,7 @@ export class RedlockStore implements LockStore {
    * other round ever uses this token, releasing a stray can never free the lock of a later round of the same caller.
    */
   private async attemptOnce(key: string, owner: string, ttl: number, line: Place | undefined): Promise<AttemptResult | Error> {
-    const n = storeNames(this.s.prefix, key);
+    const n = lockNames(this.s.prefix, key);
     const q = this.s.quorum;
     const total = this.clients.length;
     const timeout = this.nodeTimeout(ttl);
@@ -321,9 +321,9 @@ export class RedlockStore implements LockStore {
       );
       const elapsed = monotonicNow() - started;
       if (!recorded) {
-        result = lockFailed('acquire', n.key, `could not record the fence on ${q} of ${total} nodes`);
+        result = lockFailed('acquire', key, `could not record the fence on ${q} of ${total} nodes`);
       } else if (validity - elapsed - this.drift(ttl) <= 0) {
-        result = lockFailed('acquire', n.key, `it took ${elapsed} ms, longer than the ttl allows`);
+        result = lockFailed('acquire', key, `it took ${elapsed} ms, longer than the ttl allows`);
       } else {
         result = { ok: true, token: lockToken, fence, ttl: validity };
         if (hold !== '') result = { ...result, hold };
@@ -339,7 +339,7 @@ export class RedlockStore implements LockStore {
       // a node it could not reach). This round joined the line wherever it was missing, so the next one can agree.
       const linesDisagree = line !== undefined && busy.includes(-1) && grants.some((g) => g?.token === token);
       const kind = failureKind(failed, busy.length, busiest, total, q);
-      if (kind === 'down') result = this.unavailable('acquire', n, outcomes);
+      if (kind === 'down') result = this.unavailable('acquire', key, outcomes);
       else if (linesDisagree) {
         result = { ok: false, pttl: Math.floor(this.s.retryDelay * (0.5 + Math.random())) };
         SPLIT_VOTES.add(result);
@@ -507,14 +507,14 @@ export class RedlockStore implements LockStore {
     return this.s.nodeTimeout ?? Math.min(this.s.timeout, Math.max(MIN_NODE_TIMEOUT_MS, Math.floor(ttl / 100)));
   }
 
-  private unavailable(what: string, n: StoreNames, outcomes: readonly Outcome<unknown>[]): LockUnavailableError {
+  private unavailable(what: string, key: string, outcomes: readonly Outcome<unknown>[]): LockUnavailableError {
     const errors = outcomes.map((o, i) => (o === undefined ? `node ${i}: no answer` : o.ok ? undefined : `node ${i}: ${(o.error as Error).message}`));
     const detail = errors.filter(Boolean).join('; ');
     const cause = new AggregateError(
       outcomes.filter((o): o is { ok: false; error: unknown } => o !== undefined && !o.ok).map((o) => o.error),
       detail,
     );
-    return lockFailed(what, n.key, `no quorum of ${this.s.quorum} of ${this.clients.length} nodes (${detail})`, cause);
+    return lockFailed(what, key, `no quorum of ${this.s.quorum} of ${this.clients.length} nodes (${detail})`, cause);
   }
 }
 
