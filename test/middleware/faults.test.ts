@@ -4,6 +4,8 @@
 import { TokenBucket } from '@hasp/core';
 import { giveBackTakes, RateLimiter, type StoreStateEvent } from '@hasp/core/http';
 import type { Redis } from 'ioredis';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { bucketKey, until } from '../core/helpers.js';
@@ -15,6 +17,13 @@ import { FRAMEWORKS, framework, get, type Framework, type Response, type Running
  * request for its whole retry budget (20 reconnect attempts, over 10 s) or, with `maxRetriesPerRequest: null`, forever.
  */
 const BOUND_MS = 4_000;
+
+// A full collection on demand, without starting the test process with --expose-gc.
+setFlagsFromString('--expose-gc');
+const gc = runInNewContext('gc') as () => void;
+// Before any test fakes them.
+const realSetTimeout = setTimeout;
+const DAY_MS = 86_400_000;
 
 /**
  * Sends requests (`poke`, every 50 ms) until the limiter's hook has heard its outage end (`heard` holds 'down' and
@@ -349,6 +358,82 @@ describe('onStoreState', () => {
     expect(guard.fallbackBucket).toBe(fallback);
     // ...and gone after it.
     await until(() => guard.fallbackBucket === undefined, 5_000, 'the fallback to be dropped');
+    client.disconnect();
+    await own.stop();
+  });
+
+  it('drops the memory fallback also when a full refill takes longer than a timer can wait (24.8 days)', async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await ready(client);
+    const heard: string[] = [];
+    // A full refill takes 30 days: past the longest timeout Node keeps (2^31 - 1 ms), so it is waited out in steps.
+    const limiter = new RateLimiter(
+      { capacity: 2, rate: '2/30d', redis: client, policy: 'month', onStoreState: (e) => void heard.push(e.state) },
+      (ip: string) => ip,
+    );
+    const guard = (limiter as unknown as { guard: { fallbackBucket?: TokenBucket } }).guard;
+    expect((await limiter.check('10.0.0.1'))?.allowed).toBe(true);
+    own.pause();
+    try {
+      for (let i = 0; i < 20; i++) expect((await limiter.check(`10.0.1.${i}`))?.allowed).toBe(true);
+    } finally {
+      own.resume();
+    }
+    const fallback = guard.fallbackBucket;
+    expect(fallback).toBeDefined();
+    expect(heard).toEqual(['down']);
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+    try {
+      // The connection never dropped: a probe, sent while requests come in, finds Redis answering.
+      const deadline = performance.now() + 5_000;
+      while (heard.length < 2) {
+        if (performance.now() > deadline) throw new Error('timed out waiting for the limiter to hear Redis is back');
+        await limiter.check('10.0.0.2');
+        await new Promise((resolve) => realSetTimeout(resolve, 50));
+      }
+      expect(heard).toEqual(['down', 'up']);
+      vi.advanceTimersByTime(29 * DAY_MS);
+      expect(guard.fallbackBucket).toBe(fallback);
+      vi.advanceTimersByTime(DAY_MS + 2_000);
+      expect(guard.fallbackBucket).toBeUndefined();
+    } finally {
+      vi.useRealTimers();
+    }
+    client.disconnect();
+    await own.stop();
+  });
+
+  it("keeps no dropped limiter's onStoreState hook on a shared bucket, and tells a hook given to two limiters once", async () => {
+    const own = await startRedis();
+    const client = own.client();
+    await ready(client);
+    const bucket = new TokenBucket({ capacity: 5, rate: '1/h', redis: client, prefix: 'shared-hooks:' });
+    const heard: string[] = [];
+    const sharedHook = (e: StoreStateEvent): void => void heard.push(e.state);
+    const kept = [new RateLimiter({ bucket, onStoreState: sharedHook }, () => 'k'), new RateLimiter({ bucket, onStoreState: sharedHook }, () => 'k')];
+    // Limiters made per tenant and dropped, each with a hook of its own.
+    let droppedCalls = 0;
+    for (let i = 0; i < 1_000; i++) new RateLimiter({ bucket, onStoreState: () => void droppedCalls++ }, () => 'k');
+    // (A WeakRef's target stays alive until the turn that made it ends.)
+    await new Promise((resolve) => setImmediate(resolve));
+    gc();
+    // One more limiter sweeps out the holders of the dropped ones.
+    for (let i = 0; i < 100; i++) new RateLimiter({ bucket, onStoreState: () => void droppedCalls++ }, () => 'k');
+    await new Promise((resolve) => setImmediate(resolve));
+    gc();
+    const listeners = (kept[0] as unknown as { guard: { listeners: Set<unknown> } }).guard.listeners;
+    expect(listeners.size).toBeLessThan(200);
+    await own.kill();
+    await notReady(client);
+    await expect(kept[0]!.check({})).resolves.toBeDefined();
+    expect(heard).toEqual(['down']);
+    await own.restart();
+    await ready(client);
+    await until(() => heard.length === 2, 5_000, 'the hook to hear Redis is back');
+    expect(heard).toEqual(['down', 'up']);
+    expect(droppedCalls).toBe(0);
+    expect(listeners.size).toBe(2);
     client.disconnect();
     await own.stop();
   });

@@ -10,7 +10,7 @@ import * as v from '../util/validate.js';
 import { rateLimitedError, rateLimitUnavailableError, type MiddlewareHttpError } from './errors.js';
 import { appendListMember, POLICY_FIELD, RATELIMIT_FIELD, RateLimitFields, RETRY_AFTER_FIELD } from './fields.js';
 import { callCost, callKey, type CostFunction, type KeyFunction } from './inputs.js';
-import { isKeyFault, isStoreError, storeGuard, type BucketLike, type StoreGuard, type StoreStateEvent } from './store-guard.js';
+import { isKeyFault, isStoreError, storeGuard, type BucketLike, type StateListener, type StoreGuard, type StoreStateEvent } from './store-guard.js';
 import { checkOptionNames, optionErrors } from './options.js';
 import { warnOnce } from '../util/warn.js';
 
@@ -77,7 +77,9 @@ export interface RateLimitBaseOptions<Arg> {
   /**
    * Told when the bucket's Redis goes down (`{ state: 'down', error }`: a call failed, and requests now follow
    * `onStoreError`) and when it answers again (`{ state: 'up' }`): once per outage, however many requests meet it, so
-   * it can log or count without flooding. A hook that throws is ignored. Never called for in-memory buckets.
+   * it can log or count without flooding. A hook that throws is ignored. Never called for in-memory buckets. Limiters
+   * sharing a `bucket` and given the same function tell it once; a limiter that is dropped (one made per tenant, say)
+   * takes its hook with it.
    * @default none
    */
   onStoreState?: ((event: StoreStateEvent) => void) | undefined;
@@ -148,6 +150,7 @@ export class RateLimiter<Arg, H = never> {
   private readonly costFn: CostFunction<Arg> | undefined;
   private readonly cost: number;
   private readonly guard: StoreGuard | undefined;
+  private readonly stateListener: StateListener | undefined;
   /** See {@link RateLimitBaseOptions.giveBack}: false records no take on the request's home. */
   private readonly giveBack: boolean;
   private readonly store: BucketStore | undefined;
@@ -240,7 +243,11 @@ export class RateLimiter<Arg, H = never> {
     if (this.store === undefined && this.giveBack) warnIfNoGiveBack(this.bucket);
     const store = this.store;
     this.guard = storeGuard(this.bucket, store instanceof RedisBucketStore ? (key) => store.name(key) : undefined);
-    if (resolved.onStoreState !== undefined) this.guard?.listen(resolved.onStoreState);
+    if (resolved.onStoreState !== undefined && this.guard !== undefined) {
+      // Kept here, held weakly by the shared guard: the hook goes when this limiter does.
+      this.stateListener = { onStoreState: resolved.onStoreState };
+      this.guard.listen(this.stateListener);
+    }
   }
 
   /**

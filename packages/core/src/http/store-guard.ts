@@ -53,6 +53,12 @@ export function isKeyFault(error: unknown): boolean {
 /** Slack past a full refill before the fallback is dropped, for the wall clock its buckets count on. */
 const FORGET_SLACK_MS = 1_000;
 const MAX_TIMER_MS = 2 ** 31 - 1;
+const SWEEP_MIN = 64;
+
+/** What a limiter keeps (and the guard holds weakly) for its `onStoreState` hook. */
+export interface StateListener {
+  readonly onStoreState: (event: StoreStateEvent) => void;
+}
 
 /** One open circuit: requests it covers follow the policy until a probe (or the client's 'ready') closes it. */
 interface Circuit {
@@ -77,8 +83,11 @@ export class StoreGuard {
   private fallbackBucket: TokenBucket | undefined;
   private forgetTimer: NodeJS.Timeout | undefined;
   // Hooks of the limiters on this bucket: told once per outage (from the first circuit opened to the last one closed),
-  // not once per failed request.
-  private readonly listeners = new Set<(event: StoreStateEvent) => void>();
+  // not once per failed request. Held weakly, through a holder each limiter keeps: a shared bucket outlives limiters
+  // made per tenant or per route and dropped, and would otherwise keep every one of their hooks (and call them all).
+  private readonly listeners = new Set<WeakRef<StateListener>>();
+  // listen() sweeps out the holders of dropped limiters when the set reaches this size.
+  private sweepAt = SWEEP_MIN;
   private readonly onReady = (): void => {
     this.listening = false;
     if (this.open.size === 0) return;
@@ -113,9 +122,15 @@ export class StoreGuard {
     return !this.open.has(this.circuitOf(key));
   }
 
-  /** Adds a hook told when the store goes down and comes back (see {@link StoreStateEvent}). */
-  listen(hook: (event: StoreStateEvent) => void): void {
-    this.listeners.add(hook);
+  /**
+   * Adds a hook told when the store goes down and comes back (see {@link StoreStateEvent}), for as long as the caller
+   * keeps `listener` reachable.
+   */
+  listen(listener: StateListener): void {
+    this.listeners.add(new WeakRef(listener));
+    if (this.listeners.size < this.sweepAt) return;
+    for (const ref of this.listeners) if (ref.deref() === undefined) this.listeners.delete(ref);
+    this.sweepAt = Math.max(SWEEP_MIN, 2 * this.listeners.size);
   }
 
   /** Records a failed take of `key`: opens its circuit until Redis answers again (a probe on that key succeeds). */
@@ -195,17 +210,32 @@ export class StoreGuard {
    */
   private wentUp(): void {
     this.tell({ state: 'up' });
-    const refill = Math.ceil((this.bucket.capacity / this.bucket.rate) * 1_000) + FORGET_SLACK_MS;
-    if (this.fallbackBucket === undefined || refill > MAX_TIMER_MS) return;
+    if (this.fallbackBucket === undefined) return;
+    this.forgetAfter(Math.ceil((this.bucket.capacity / this.bucket.rate) * 1_000) + FORGET_SLACK_MS);
+  }
+
+  // A timer waits at most 2^31 − 1 ms (about 24.8 days; Node runs a longer one at once): a longer refill ("5/30d") is
+  // waited out in steps.
+  private forgetAfter(ms: number): void {
     this.forgetTimer = setTimeout(() => {
       this.forgetTimer = undefined;
-      if (this.open.size === 0) this.fallbackBucket = undefined;
-    }, refill);
+      if (ms > MAX_TIMER_MS) this.forgetAfter(ms - MAX_TIMER_MS);
+      else if (this.open.size === 0) this.fallbackBucket = undefined;
+    }, Math.min(ms, MAX_TIMER_MS));
     this.forgetTimer.unref();
   }
 
   private tell(event: StoreStateEvent): void {
-    for (const hook of this.listeners) {
+    // Two limiters given the same hook tell it once.
+    const told = new Set<(event: StoreStateEvent) => void>();
+    for (const ref of this.listeners) {
+      const hook = ref.deref()?.onStoreState;
+      if (hook === undefined) {
+        this.listeners.delete(ref);
+        continue;
+      }
+      if (told.has(hook)) continue;
+      told.add(hook);
       try {
         ignoreRejection(hook(event));
       } catch {
