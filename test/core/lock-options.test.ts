@@ -50,7 +50,9 @@ const REDLOCK_ONLY: [string, unknown[]][] = [
   ['retryCount', [-1, 1.5, NaN, Infinity, ...NOT_NUMBERS]],
   ['retryDelay', BAD_MS],
 ];
-const MEMORY_ONLY: [string, unknown[]][] = [['clock', NOT_FUNCTIONS]];
+// A clock must answer finite epoch ms: a Date, NaN or a string would make deadlines that never come.
+const BAD_CLOCKS = [() => new Date(), () => NaN, () => '1700000000000', () => undefined, () => 10n, () => Infinity];
+const MEMORY_ONLY: [string, unknown[]][] = [['clock', [...NOT_FUNCTIONS, ...BAD_CLOCKS]]];
 
 const constructors: [string, (options: unknown) => unknown, [string, unknown[]][]][] = [
   ['MemoryLock', (o) => new MemoryLock(o as never), [...SHARED, ...MEMORY_ONLY]],
@@ -67,6 +69,20 @@ describe.each(constructors)('new %s(options)', (_name, make, options) => {
     await expectInvalid(() => make({ ttl: 5_000, wiat: 100 }), 'wiat');
     await expectInvalid(() => make({ TTL: 5_000 }), 'TTL');
     for (const value of [5, 'ttl', true]) await expectInvalid(() => make(value), 'options');
+  });
+});
+
+describe('MemoryLock clock gone bad', () => {
+  it('fails the call naming clock, instead of waiting for a deadline that never comes', async () => {
+    let now = 1_000;
+    const locks = new MemoryLock({ clock: () => now });
+    const held = await locks.acquire('k', { ttl: 10_000 });
+    now = NaN;
+    for (const attempt of [locks.tryAcquire('k'), locks.acquire('k', { wait: 0 }), locks.acquire('k', { wait: 1_000 })]) {
+      await expect(attempt).rejects.toThrow(/^clock must return a finite number of ms, got NaN$/);
+    }
+    now = 2_000;
+    expect(await held.release()).toBe(true);
   });
 });
 

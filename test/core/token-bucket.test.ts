@@ -927,10 +927,23 @@ describe('TokenBucket arguments', () => {
     ['timeout', { ...ok, timeout: Number.NaN }],
     ['timeout', { ...ok, timeout: '100' }],
     ['clock', { ...ok, clock: 5 }],
+    ['clock', { ...ok, clock: () => new Date() }],
+    ['clock', { ...ok, clock: () => NaN }],
+    ['clock', { ...ok, clock: () => '1700000000000' }],
     ['capcity', { capcity: 5, rate: 1 }],
     ['ttl', { ...ok, ttl: 100 }],
   ])('rejects a bad %s at construction', async (option, options) => {
     await expectInvalid(() => new TokenBucket(options as never), option);
+  });
+
+  it('fails a take naming clock when the clock stops answering a finite number, instead of refusing everything', async () => {
+    let now = 1_000;
+    const bucket = new TokenBucket({ ...ok, clock: () => now });
+    expect((await bucket.take('k')).allowed).toBe(true);
+    now = NaN;
+    await expect(bucket.take('k')).rejects.toThrow(/^clock must return a finite number of ms, got NaN$/);
+    now = 1_001;
+    expect((await bucket.take('k')).allowed).toBe(true);
   });
 
   it('validates clock and timeout also when a Redis client is given', async () => {

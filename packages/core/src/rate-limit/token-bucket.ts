@@ -87,7 +87,7 @@ export class TokenBucket {
     const prefix = checkPrefix(v.string('prefix', o.prefix));
     const timeout = v.duration('timeout', o.timeout);
     // Validated even when unused (with redis), so a mistake shows at start-up.
-    const clock = o.clock === undefined ? undefined : v.func<() => number>('clock', o.clock);
+    const clock = o.clock === undefined ? undefined : v.clock('clock', o.clock);
     if (o.redis !== undefined) {
       assertClient('redis', o.redis);
       this.redis = o.redis;

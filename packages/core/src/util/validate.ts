@@ -74,6 +74,22 @@ export function func<F>(name: string, value: unknown): F {
   return value as F;
 }
 
+/**
+ * A clock option (epoch ms): checked once here, so that `() => new Date()` fails at construction, and at every read,
+ * since a clock answering NaN later would make deadlines that never come (a lock's wait polling for ever) or buckets
+ * that refuse everything.
+ */
+export function clock(name: string, value: unknown): () => number {
+  const read = func<() => unknown>(name, value);
+  const checked = (): number => {
+    const t = read();
+    if (typeof t !== 'number' || !Number.isFinite(t)) throw new TypeError(`${name} must return a finite number of ms, got ${describe(t)}`);
+    return t;
+  };
+  checked();
+  return checked;
+}
+
 /** Lock and bucket keys: any non-empty string. */
 export function key(value: unknown): string {
   return string('key', value, false);
