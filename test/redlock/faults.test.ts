@@ -571,6 +571,25 @@ describe('Redlock without a quorum', () => {
     }
   });
 
+  it('rejects a quorum won after the ttl, saying what was left of it', async () => {
+    const prefix = freshPrefix('late-quorum');
+    const { locker } = redlock({ prefix, nodeTimeout: 2_000, retryCount: 0 });
+    await (await locker.acquire('warm-up')).release();
+    nodes.pause([1, 2, 3]);
+    const acquiring = locker.acquire('k', { ttl: 200 }).then(
+      () => undefined,
+      (error: unknown) => error,
+    );
+    // The majority answers 500 ms later, well within the node timeout but after the 200 ms lease would have ended.
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    nodes.resume([1, 2, 3]);
+    const error = await within(acquiring, 3_000, 'the acquire');
+    expect(error).toBeInstanceOf(LockUnavailableError);
+    expect((error as Error).message).toMatch(
+      /^lock acquire failed for "k": it took \d+ ms, which with the [\d.]+ ms allowed for clock drift leaves nothing of the 200 ms ttl: the lease would have ended$/,
+    );
+  });
+
   it('on default options, fails within the documented ~1.1 s when a majority is frozen', async () => {
     const prefix = freshPrefix('defaults-frozen');
     const { locker } = redlock({ prefix });

@@ -63,6 +63,15 @@ export function lockFailed(what: string, key: string, reason: string, cause?: un
   return new LockUnavailableError(`lock ${what} failed for "${truncate(key)}": ${reason}`, cause === undefined ? { key } : { cause, key });
 }
 
+/**
+ * The error of an acquire whose grant came too late to be of use: `took` ms, against a `ttl` less the `drift` allowed.
+ * With a ttl of a few ms the drift allowance is most of it, which the message says, or "took 1 ms" reads as a slow Redis.
+ */
+export function grantTooLate(key: string, took: number, ttl: number, drift: number): LockUnavailableError {
+  const why = drift > 0 ? `, which with the ${drift} ms allowed for clock drift leaves nothing of the ${ttl} ms ttl` : `, longer than the ${ttl} ms ttl`;
+  return lockFailed('acquire', key, `it took ${Math.round(took)} ms${why}: the lease would have ended`);
+}
+
 /** The lease is no longer held (expired, released, or taken over), so it cannot be extended. */
 export class LockLostError extends HaspError {
   /** Always `'LOCK_LOST'`, so that `instanceof` narrows the code too. */

@@ -25,8 +25,9 @@ export interface AcquireOptions {
    */
   owner?: string | undefined;
   /**
-   * Stops the call at once, also while an attempt waits on Redis: it rejects with the signal's reason (a lock granted
-   * after that is given back).
+   * Stops the acquire at once, also while an attempt waits on Redis: it rejects with the signal's reason (a lock
+   * granted after that is given back). In `using` it covers the acquire only: once `fn` runs, an abort does not stop
+   * it (`fn` can watch the signal itself), and `using` settles with what `fn` returns.
    * @default none
    */
   signal?: AbortSignal | undefined;
@@ -77,7 +78,8 @@ export interface Lease {
   extend(ttl?: number): Promise<void>;
   /**
    * Releases this lease. Idempotent: resolves `true` when this call released a lease that was still held,
-   * `false` when it was already released or had expired or been lost (and when ioredis sent it again after a
+   * `false` when it was already released (also by a call still on its way, after which it answers) or had expired
+   * or been lost (and when ioredis sent it again after a
    * reconnect and only the second run was answered: that run found nothing left to drop). For a nested lease (same
    * `owner`) that is `true` too, although the lock stays held until the last of its leases is released or has run out.
    * @throws {@link LockUnavailableError} when the store cannot answer; hasp sends it again in the background until it

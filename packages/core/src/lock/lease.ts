@@ -116,7 +116,9 @@ export class LeaseImpl implements Lease {
 
   release(): Promise<boolean> {
     if (this.released) return Promise.resolve(false);
-    if (this.releasing) return this.releasing;
+    // Only the call that released it answers true (SPEC): a second one made meanwhile answers after it, false (or the
+    // same error, when the first failed).
+    if (this.releasing) return this.releasing.then(() => false);
     this.stopTimers();
     // Only a lease that still holds may let a waiter in before the store has recorded it (see LockStore.release).
     const live = !this.ended && this.owner === '';

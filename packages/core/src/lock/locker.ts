@@ -1,6 +1,6 @@
 // The behaviour every locker shares: option resolution, the acquire/wait loop with wake-ups, `using` with
 // auto-extension. Backends only supply a LockStore.
-import { HaspError, LockBusyError, LockLostError, lockFailed, type LockUnavailableError } from '../errors.js';
+import { HaspError, LockBusyError, LockLostError, grantTooLate, lockFailed } from '../errors.js';
 import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import { LONG_KEY_CHARS } from '../redis/keys.js';
@@ -118,11 +118,6 @@ function settledWithin(promise: Promise<void>, ms: number): Promise<void> {
       resolve();
     });
   });
-}
-
-/** The error of an acquire whose grants all came too late to be of use. */
-function tooSlow(key: string, took: number): LockUnavailableError {
-  return lockFailed('acquire', key, `it took ${took} ms, longer than the ttl allows: the lease would have ended`);
 }
 
 const CALL_OPTIONS = ['ttl', 'wait', 'owner', 'signal'];
@@ -326,7 +321,7 @@ export abstract class BaseLocker implements Locker {
           handed = undefined;
           endWaitHere?.(false);
           endWaitHere = undefined;
-          if (deadline - this.store.now() <= 0) throw tooSlow(key, this.store.now() - since);
+          if (deadline - this.store.now() <= 0) throw grantTooLate(key, this.store.now() - since, o.ttl, this.store.drift(o.ttl));
           continue;
         }
         woken = false;
@@ -373,7 +368,7 @@ export abstract class BaseLocker implements Locker {
           }
           // Granted too late to be of use (Redis was slow, or Redlock needed retries): the time left in `wait` may
           // still get a lease that is.
-          if (deadline - this.store.now() <= 0) throw tooSlow(key, this.store.now() - started);
+          if (deadline - this.store.now() <= 0) throw grantTooLate(key, this.store.now() - started, o.ttl, this.store.drift(o.ttl));
           continue;
         }
         if (handed !== undefined) continue;

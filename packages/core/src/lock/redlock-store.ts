@@ -7,7 +7,7 @@
 // is handed out. So every lease's fence is stored on a quorum while that lease holds the lock there; the next lease's
 // quorum meets it on at least one node, which it can only lock after the earlier lease left that node, and there it
 // reads a stored fence >= F: its own fence is larger. The floor (client clock, µs) only matters once a fence key expired.
-import { lockFailed, type LockUnavailableError } from '../errors.js';
+import { grantTooLate, lockFailed, type LockUnavailableError } from '../errors.js';
 import { bounded, boundedAll, type Outcome } from '../redis/call.js';
 import { sendNow } from '../redis/script.js';
 import { WakeupShare } from '../redis/wakeups.js';
@@ -323,7 +323,7 @@ export class RedlockStore implements LockStore {
       if (!recorded) {
         result = lockFailed('acquire', key, `could not record the fence on ${q} of ${total} nodes`);
       } else if (validity - elapsed - this.drift(ttl) <= 0) {
-        result = lockFailed('acquire', key, `it took ${elapsed} ms, longer than the ttl allows`);
+        result = grantTooLate(key, elapsed, ttl, this.drift(ttl));
       } else {
         result = { ok: true, token: lockToken, fence, ttl: validity };
         if (hold !== '') result = { ...result, hold };
