@@ -10,7 +10,7 @@ import * as v from '../util/validate.js';
 import { rateLimitedError, rateLimitUnavailableError, type MiddlewareHttpError } from './errors.js';
 import { appendListMember, POLICY_FIELD, RATELIMIT_FIELD, RateLimitFields, RETRY_AFTER_FIELD } from './fields.js';
 import { callCost, callKey, type CostFunction, type KeyFunction } from './inputs.js';
-import { isKeyFault, isStoreError, storeGuard, type BucketLike, type StateListener, type StoreGuard, type StoreStateEvent } from './store-guard.js';
+import { isKeyFault, isStoreError, storeGuard, type BucketLike, type StoreGuard, type StoreStateEvent } from './store-guard.js';
 import { checkOptionNames, optionErrors } from './options.js';
 import { warnOnce } from '../util/warn.js';
 
@@ -150,7 +150,7 @@ export class RateLimiter<Arg, H = never> {
   private readonly costFn: CostFunction<Arg> | undefined;
   private readonly cost: number;
   private readonly guard: StoreGuard | undefined;
-  private readonly stateListener: StateListener | undefined;
+  private readonly stateListener: { readonly onStoreState: (event: StoreStateEvent) => void } | undefined;
   /** See {@link RateLimitBaseOptions.giveBack}: false records no take on the request's home. */
   private readonly giveBack: boolean;
   private readonly store: BucketStore | undefined;

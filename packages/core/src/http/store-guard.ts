@@ -55,10 +55,6 @@ const FORGET_SLACK_MS = 1_000;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 const SWEEP_MIN = 64;
 
-/** What a limiter keeps (and the guard holds weakly) for its `onStoreState` hook. */
-export interface StateListener {
-  readonly onStoreState: (event: StoreStateEvent) => void;
-}
 
 /** One open circuit: requests it covers follow the policy until a probe (or the client's 'ready') closes it. */
 interface Circuit {
@@ -85,7 +81,7 @@ export class StoreGuard {
   // Hooks of the limiters on this bucket: told once per outage (from the first circuit opened to the last one closed),
   // not once per failed request. Held weakly, through a holder each limiter keeps: a shared bucket outlives limiters
   // made per tenant or per route and dropped, and would otherwise keep every one of their hooks (and call them all).
-  private readonly listeners = new Set<WeakRef<StateListener>>();
+  private readonly listeners = new Set<WeakRef<{ readonly onStoreState: (event: StoreStateEvent) => void }>>();
   // listen() sweeps out the holders of dropped limiters when the set reaches this size.
   private sweepAt = SWEEP_MIN;
   private readonly onReady = (): void => {
@@ -124,9 +120,9 @@ export class StoreGuard {
 
   /**
    * Adds a hook told when the store goes down and comes back (see {@link StoreStateEvent}), for as long as the caller
-   * keeps `listener` reachable.
+   * keeps `listener` (what a limiter keeps for its hook) reachable.
    */
-  listen(listener: StateListener): void {
+  listen(listener: { readonly onStoreState: (event: StoreStateEvent) => void }): void {
     this.listeners.add(new WeakRef(listener));
     if (this.listeners.size < this.sweepAt) return;
     for (const ref of this.listeners) if (ref.deref() === undefined) this.listeners.delete(ref);
