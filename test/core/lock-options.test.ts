@@ -1,9 +1,10 @@
 // Every invalid value of every locker option, constructor and per call, fails at once with a TypeError or RangeError
 // naming the option, before anything is sent to Redis (the clients here never connect).
+import { once } from 'node:events';
 import { Cluster, Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { MemoryLock, RedisLock, Redlock, TokenBucket, type Locker } from '../../packages/core/src/index.js';
-import { expectInvalid } from './helpers.js';
+import { expectInvalid, within } from './helpers.js';
 
 // lazyConnect: constructing and validating never opens a connection; a call that got past validation would try to
 // connect and stay pending, which expectInvalid reports.
@@ -84,6 +85,56 @@ describe('MemoryLock clock gone bad', () => {
     now = 2_000;
     expect(await held.release()).toBe(true);
   });
+});
+
+describe('MemoryLock clock going bad later', () => {
+  // Readings after a call started are not checked (a throw from a timer would have no caller): a lease ends, an
+  // auto-extension gives up, and no lock is left held without a lease, however the clock answers.
+  it('ends a lease by its timer without a throw when the clock answers NaN', async () => {
+    let now = 1_000;
+    const locks = new MemoryLock({ clock: () => now });
+    const lease = await locks.acquire('k', { ttl: 50 });
+    const { signal } = lease;
+    now = NaN;
+    await within(once(signal, 'abort'), 2_000, 'the lease to end');
+  });
+
+  it('lets using() settle with fn’s value when the clock answers undefined during auto-extension', async () => {
+    let now: number | undefined = 1_000;
+    const locks = new MemoryLock({ clock: () => now as number });
+    const result = locks.using(
+      'k',
+      async (lease) => {
+        const { signal } = lease;
+        now = undefined;
+        // Its expiry timer or extension finds the clock past any end, and the lease is over.
+        await once(signal, 'abort');
+        return 'done';
+      },
+      { ttl: 20 },
+    );
+    expect(await within(result, 5_000, 'using')).toBe('done');
+  });
+
+  it.each(Array.from({ length: 12 }, (_, i) => i + 1))(
+    'leaves no lock held without a lease when the clock answers NaN on its reading %i of an acquire',
+    async (n) => {
+      // (Reading 1 is the constructor's; the acquire's come after, and the tryAcquire's below read well.)
+      let readings = 0;
+      let t = 1_000;
+      const locks = new MemoryLock({ clock: () => (++readings === n + 1 ? NaN : (t += 1)) });
+      const acquired = await locks.acquire('k', { ttl: 60_000 }).then(
+        (lease) => lease,
+        (error: unknown) => error as Error,
+      );
+      readings = -Infinity;
+      if (acquired instanceof Error) expect(acquired.message).toBe('clock must return a finite number of ms, got NaN');
+      else expect(await acquired.release()).toBe(true);
+      const after = await locks.tryAcquire('k');
+      expect(after).not.toBeNull();
+      await after!.release();
+    },
+  );
 });
 
 describe('locker clients', () => {

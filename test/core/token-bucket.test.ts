@@ -3,6 +3,7 @@
 import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { RateLimitUnavailableError, TokenBucket, type Decision } from '../../packages/core/src/index.js';
+import { giveBackTakes, RateLimiter } from '../../packages/core/src/http/rate-limiter.js';
 import type { MemoryBucketStore } from '../../packages/core/src/rate-limit/bucket-store.js';
 import { EXPIRY_GRID_US } from '../../packages/core/src/rate-limit/bucket.lua.js';
 import { subMsClock, wallNow } from '../../packages/core/src/util/clock.js';
@@ -944,6 +945,16 @@ describe('TokenBucket arguments', () => {
     await expect(bucket.take('k')).rejects.toThrow(/^clock must return a finite number of ms, got NaN$/);
     now = 1_001;
     expect((await bucket.take('k')).allowed).toBe(true);
+  });
+
+  it('gives a take back without a throw when the clock has gone bad since (the give-back runs after the response)', async () => {
+    let now = 1_000;
+    const bucket = new TokenBucket({ capacity: 2, rate: 1, clock: () => now });
+    const limiter = new RateLimiter({ bucket }, () => 'k');
+    const home = {};
+    expect((await limiter.check({}, home))?.allowed).toBe(true);
+    now = NaN;
+    await expect(Promise.resolve().then(() => giveBackTakes(home))).resolves.toBeUndefined();
   });
 
   it('validates clock and timeout also when a Redis client is given', async () => {

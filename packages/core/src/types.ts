@@ -202,8 +202,8 @@ export interface MemoryLockOptions extends LockerOptions {
    * lease's `expiresAt`; a lease's `signal` aborts on expiry by a real timer, or when it is read after the clock has
    * passed `expiresAt`: after moving the clock, read `lease.signal` (or call `extend()`, which then rejects) rather
    * than waiting for an abort event.
-   * It must return a finite number (not a `Date`): it is called once when the lock is made, and a read that returns
-   * anything else fails the call with a `TypeError` naming `clock`.
+   * It must return a finite number (not a `Date`): it is called once when the lock is made, and an acquire that starts
+   * on any other reading rejects with a `TypeError` naming `clock` (a wait whose reading goes bad later ends busy).
    * @default epoch ms on the monotonic clock (`Date.now()` when hasp was loaded, plus `performance.now()` since): a
    *   stepped system clock neither frees held locks nor stretches leases
    */
@@ -248,8 +248,8 @@ export interface TokenBucketOptions {
   /**
    * Clock of the in-memory store in epoch ms (ignored with `redis`, which uses the Redis server's clock). Fractions of a
    * ms count: a bucket that refills faster than `capacity` tokens per ms needs them. It must return a finite number
-   * (not a `Date`): it is called once when the bucket is made, and a read that returns anything else fails the take
-   * with a `TypeError` naming `clock`.
+   * (not a `Date`): it is called once when the bucket is made, and a take or peek on any other reading rejects with a
+   * `TypeError` naming `clock`.
    * @default `Date.now()`, with the fraction of a ms that `performance.now()` adds (`Date.now()` alone while either is
    *   replaced, as fake timers do)
    */

@@ -78,7 +78,8 @@ export interface RateLimitBaseOptions<Arg> {
    * Told when the bucket's Redis goes down (`{ state: 'down', error }`: a call failed, and requests now follow
    * `onStoreError`) and when it answers again (`{ state: 'up' }`): once per outage, however many requests meet it, so
    * it can log or count without flooding. A hook that throws is ignored. Never called for in-memory buckets. Limiters
-   * sharing a `bucket` and given the same function tell it once; a limiter that is dropped (one made per tenant, say)
+   * sharing a `bucket` and given the same function tell it once (within one build of @hasp/core: the ESM and CommonJS
+   * builds in one app tell it once each); a limiter that is dropped (one made per tenant, say)
    * takes its hook with it.
    * @default none
    */

@@ -118,7 +118,12 @@ export class LeaseImpl implements Lease {
     if (this.released) return Promise.resolve(false);
     // Only the call that released it answers true (SPEC): a second one made meanwhile answers after it, false (or the
     // same error, when the first failed).
-    if (this.releasing) return this.releasing.then(() => false);
+    if (this.releasing) {
+      const again = this.releasing.then(() => false);
+      // Like the first call's promise, one left unawaited must not be an unhandled rejection when the release fails.
+      again.catch(() => undefined);
+      return again;
+    }
     this.stopTimers();
     // Only a lease that still holds may let a waiter in before the store has recorded it (see LockStore.release).
     const live = !this.ended && this.owner === '';

@@ -215,7 +215,11 @@ export abstract class BaseLocker implements Locker {
   private async attemptUntil(key: string, o: CallOptions): Promise<LeaseImpl | { pttl: number }> {
     o.signal?.throwIfAborted();
     const token = randomToken();
-    const deadline = this.store.now() + o.wait;
+    const now = this.store.now();
+    // (A MemoryLock's injected clock; a reading that goes bad later ends a wait, see `left` below.)
+    const badNow = v.badClock(now);
+    if (badNow !== undefined) throw badNow;
+    const deadline = now + o.wait;
     let stopListening: (() => void) | undefined;
     let listening = false;
     let wake: (() => void) | undefined;
@@ -382,7 +386,7 @@ export abstract class BaseLocker implements Locker {
           });
         }
         let left = deadline - this.store.now();
-        if (left <= 0) return result;
+        if (!(left > 0)) return result;
         if (o.signal?.aborted) throw abandon!();
         if (!listening) {
           // Subscribe, then try again at once: a release between our attempt and the subscription is not missed. (A
@@ -395,7 +399,7 @@ export abstract class BaseLocker implements Locker {
           // again, as after a poll (its confirmation, later, wakes a sleep for another attempt).
           if (first !== undefined) continue;
           left = deadline - this.store.now();
-          if (left <= 0) return result;
+          if (!(left > 0)) return result;
         }
         if (woken) continue;
         // (An abort between the last check and here would otherwise wait out the sleep: abortSleep is set only below.)

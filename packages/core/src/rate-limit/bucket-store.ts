@@ -6,6 +6,7 @@ import { sendPending, unexpectedReply } from '../redis/script.js';
 import type { Decision, RedisClient } from '../types.js';
 import { makeRoom } from '../util/bounded.js';
 import { realPerfNow, realSetImmediate } from '../util/real-timers.js';
+import { badClock } from '../util/validate.js';
 import { REFUND, TAKE } from './bucket.lua.js';
 import { decide, type GcraParams } from './gcra.js';
 
@@ -63,7 +64,10 @@ export class MemoryBucketStore implements BucketStore {
   ) {}
 
   take(key: string, cost: number, commit: boolean, home?: TakeHome): Promise<Decision> {
-    const now = Math.round(this.clock() * 1_000);
+    const reading = this.clock();
+    const badNow = badClock(reading);
+    if (badNow !== undefined) return Promise.reject(badNow);
+    const now = Math.round(reading * 1_000);
     this.sweep(now);
     // Stored as Redis names are: a long key (one a client sent, say) takes no more memory than a short one.
     const id = storedKey(key);

@@ -75,19 +75,24 @@ export function func<F>(name: string, value: unknown): F {
 }
 
 /**
- * A clock option (epoch ms): checked once here, so that `() => new Date()` fails at construction, and at every read,
- * since a clock answering NaN later would make deadlines that never come (a lock's wait polling for ever) or buckets
- * that refuse everything.
+ * A clock option (epoch ms): called once here, so that `() => new Date()` fails at construction. Its later readings are
+ * checked by {@link badClock} where a call starts, which can reject; a throw from a reading made by a timer (a lease's
+ * expiry, an auto-extension, a give-back) would have no caller to go to.
  */
 export function clock(name: string, value: unknown): () => number {
-  const read = func<() => unknown>(name, value);
-  const checked = (): number => {
-    const t = read();
-    if (typeof t !== 'number' || !Number.isFinite(t)) throw new TypeError(`${name} must return a finite number of ms, got ${describe(t)}`);
-    return t;
-  };
-  checked();
-  return checked;
+  const read = func<() => number>(name, value);
+  const error = badClock(read());
+  if (error !== undefined) throw error;
+  return read;
+}
+
+/**
+ * The error for a clock reading that is not a finite number (a deadline of NaN never comes: a wait would poll for
+ * ever, a bucket refuse everything), or `undefined` for a good one.
+ */
+export function badClock(reading: unknown): TypeError | undefined {
+  if (typeof reading === 'number' && Number.isFinite(reading)) return undefined;
+  return new TypeError(`clock must return a finite number of ms, got ${describe(reading)}`);
 }
 
 /** Lock and bucket keys: any non-empty string. */
