@@ -334,17 +334,23 @@ describe('onStoreState', () => {
     await own.stop();
   });
 
-  it('drops the memory fallback once Redis is back and its buckets are full again, not before', async () => {
+  /** A limiter of capacity 2 on a Redis of its own, keyed by its argument, and what its hook hears. */
+  const fallbackLimiter = async (rate: string) => {
     const own = await startRedis();
     const client = own.client();
     await ready(client);
     const heard: string[] = [];
-    // A full refill takes 200 ms: the fallback is dropped 1.2 s after Redis is back.
     const limiter = new RateLimiter(
-      { capacity: 2, rate: '2/200ms', redis: client, policy: 'forget', onStoreState: (e) => void heard.push(e.state) },
+      { capacity: 2, rate, redis: client, policy: 'fallback', onStoreState: (e) => void heard.push(e.state) },
       (ip: string) => ip,
     );
     const guard = (limiter as unknown as { guard: { fallbackBucket?: TokenBucket } }).guard;
+    return { own, client, heard, limiter, guard };
+  };
+
+  it('drops the memory fallback once Redis is back and its buckets are full again, not before', async () => {
+    // A full refill takes 200 ms: the fallback is dropped 1.2 s after Redis is back.
+    const { own, client, heard, limiter, guard } = await fallbackLimiter('2/200ms');
     await own.kill();
     await notReady(client);
     for (let i = 0; i < 100; i++) expect((await limiter.check(`10.0.0.${i}`))?.allowed).toBe(true);
@@ -363,16 +369,8 @@ describe('onStoreState', () => {
   });
 
   it('drops the memory fallback also when a full refill takes longer than a timer can wait (24.8 days)', async () => {
-    const own = await startRedis();
-    const client = own.client();
-    await ready(client);
-    const heard: string[] = [];
     // A full refill takes 30 days: past the longest timeout Node keeps (2^31 - 1 ms), so it is waited out in steps.
-    const limiter = new RateLimiter(
-      { capacity: 2, rate: '2/30d', redis: client, policy: 'month', onStoreState: (e) => void heard.push(e.state) },
-      (ip: string) => ip,
-    );
-    const guard = (limiter as unknown as { guard: { fallbackBucket?: TokenBucket } }).guard;
+    const { own, client, heard, limiter, guard } = await fallbackLimiter('2/30d');
     expect((await limiter.check('10.0.0.1'))?.allowed).toBe(true);
     own.pause();
     try {
