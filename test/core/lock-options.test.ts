@@ -4,7 +4,7 @@ import { once } from 'node:events';
 import { Cluster, Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { MemoryLock, RedisLock, Redlock, TokenBucket, type Locker } from '../../packages/core/src/index.js';
-import { expectInvalid, within } from './helpers.js';
+import { expectInvalid, until, within } from './helpers.js';
 
 // lazyConnect: constructing and validating never opens a connection; a call that got past validation would try to
 // connect and stay pending, which expectInvalid reports.
@@ -99,42 +99,60 @@ describe('MemoryLock clock going bad later', () => {
     await within(once(signal, 'abort'), 2_000, 'the lease to end');
   });
 
-  it('lets using() settle with fn’s value when the clock answers undefined during auto-extension', async () => {
+  it('keeps extending a using() lease when the clock answers undefined during auto-extension, and settles with fn’s value', async () => {
     let now: number | undefined = 1_000;
     const locks = new MemoryLock({ clock: () => now as number });
     const result = locks.using(
       'k',
       async (lease) => {
-        const { signal } = lease;
+        const before = lease.expiresAt;
         now = undefined;
-        // Its expiry timer or extension finds the clock past any end, and the lease is over.
-        await once(signal, 'abort');
+        // Counted on by the real clock from the last good reading: the auto-extension keeps the lease.
+        await until(() => lease.expiresAt > before, 2_000, 'an extension on the bad clock');
+        expect(lease.signal.aborted).toBe(false);
         return 'done';
       },
-      { ttl: 20 },
+      { ttl: 40 },
     );
     expect(await within(result, 5_000, 'using')).toBe('done');
   });
 
-  it.each(Array.from({ length: 12 }, (_, i) => i + 1))(
-    'leaves no lock held without a lease when the clock answers NaN on its reading %i of an acquire',
-    async (n) => {
-      // (Reading 1 is the constructor's; the acquire's come after, and the tryAcquire's below read well.)
-      let readings = 0;
-      let t = 1_000;
-      const locks = new MemoryLock({ clock: () => (++readings === n + 1 ? NaN : (t += 1)) });
-      const acquired = await locks.acquire('k', { ttl: 60_000 }).then(
-        (lease) => lease,
-        (error: unknown) => error as Error,
-      );
-      readings = -Infinity;
-      if (acquired instanceof Error) expect(acquired.message).toBe('clock must return a finite number of ms, got NaN');
-      else expect(await acquired.release()).toBe(true);
-      const after = await locks.tryAcquire('k');
-      expect(after).not.toBeNull();
-      await after!.release();
-    },
-  );
+  const bad = { NaN: () => NaN, 'a throw': () => { throw new Error('clock broke'); } };
+
+  it.each(
+    (['NaN', 'a throw'] as const).flatMap((how) => Array.from({ length: 12 }, (_, i) => [how, i + 1] as const)),
+  )('leaves no key held past its ttl when the clock answers %s on its reading %i of an acquire (the lease never released)', async (how, n) => {
+    // (Reading 1 is the constructor's; the acquire's come after.)
+    let readings = 0;
+    let t = 1_000;
+    const locks = new MemoryLock({ clock: () => (++readings === n + 1 ? bad[how]() : (t += 1)) });
+    const acquired = await locks.acquire('k', { ttl: 60_000 }).then(
+      () => undefined,
+      (error: unknown) => error as Error,
+    );
+    readings = -Infinity;
+    if (acquired !== undefined) expect(acquired.message).toMatch(/^clock (must return a finite number of ms, got NaN|threw: clock broke)$/);
+    // Past the ttl on the clock (a lease made on a bad reading counted on from the last good one).
+    t += 120_000;
+    const after = await locks.tryAcquire('k');
+    expect(after).not.toBeNull();
+    await after!.release();
+  });
+
+  it('ends a lease by its timer, without a throw, when the clock throws', async () => {
+    let broken = false;
+    const locks = new MemoryLock({
+      clock: () => {
+        if (broken) throw new Error('clock broke');
+        return 1_000;
+      },
+    });
+    const lease = await locks.acquire('k', { ttl: 50 });
+    const { signal } = lease;
+    broken = true;
+    // Counted on by the real clock from the last good reading: the lease ends after its 50 ms.
+    await within(once(signal, 'abort'), 2_000, 'the lease to end');
+  });
 });
 
 describe('locker clients', () => {

@@ -955,6 +955,22 @@ describe('TokenBucket arguments', () => {
     expect((await limiter.check({}, home))?.allowed).toBe(true);
     now = NaN;
     await expect(Promise.resolve().then(() => giveBackTakes(home))).resolves.toBeUndefined();
+    now = 1_001;
+    expect((await limiter.check({}, home))?.allowed).toBe(true);
+    // A clock that throws, likewise.
+    const broken = new TokenBucket({
+      capacity: 2,
+      rate: 1,
+      clock: () => {
+        if (now === 0) throw new Error('clock broke');
+        return now;
+      },
+    });
+    const other = {};
+    expect((await new RateLimiter({ bucket: broken }, () => 'k').check({}, other))?.allowed).toBe(true);
+    now = 0;
+    await expect(Promise.resolve().then(() => giveBackTakes(other))).resolves.toBeUndefined();
+    await expect(broken.take('k')).rejects.toThrow(/^clock threw: clock broke$/);
   });
 
   it('validates clock and timeout also when a Redis client is given', async () => {

@@ -203,7 +203,8 @@ export interface MemoryLockOptions extends LockerOptions {
    * passed `expiresAt`: after moving the clock, read `lease.signal` (or call `extend()`, which then rejects) rather
    * than waiting for an abort event.
    * It must return a finite number (not a `Date`): it is called once when the lock is made, and an acquire that starts
-   * on any other reading rejects with a `TypeError` naming `clock` (a wait whose reading goes bad later ends busy).
+   * on any other reading (or a throw) rejects with a `TypeError` naming `clock`; a bad reading at any other moment
+   * (a timer's, the grant's) counts on from the last good one by the real clock, so leases and held keys still end.
    * @default epoch ms on the monotonic clock (`Date.now()` when hasp was loaded, plus `performance.now()` since): a
    *   stepped system clock neither frees held locks nor stretches leases
    */
@@ -248,8 +249,9 @@ export interface TokenBucketOptions {
   /**
    * Clock of the in-memory store in epoch ms (ignored with `redis`, which uses the Redis server's clock). Fractions of a
    * ms count: a bucket that refills faster than `capacity` tokens per ms needs them. It must return a finite number
-   * (not a `Date`): it is called once when the bucket is made, and a take or peek on any other reading rejects with a
-   * `TypeError` naming `clock`.
+   * (not a `Date`): it is called once when the bucket is made, and a take or peek on any other reading (or a throw)
+   * rejects with a `TypeError` naming `clock`; a bad reading at any other moment (a give-back's) counts on from the
+   * last good one by the real clock.
    * @default `Date.now()`, with the fraction of a ms that `performance.now()` adds (`Date.now()` alone while either is
    *   replaced, as fake timers do)
    */

@@ -215,11 +215,10 @@ export abstract class BaseLocker implements Locker {
   private async attemptUntil(key: string, o: CallOptions): Promise<LeaseImpl | { pttl: number }> {
     o.signal?.throwIfAborted();
     const token = randomToken();
-    const now = this.store.now();
-    // (A MemoryLock's injected clock; a reading that goes bad later ends a wait, see `left` below.)
-    const badNow = v.badClock(now);
-    if (badNow !== undefined) throw badNow;
-    const deadline = now + o.wait;
+    // A MemoryLock's injected clock that gives no time now: refused here, where the caller hears it.
+    const badClock = this.store.clockError?.();
+    if (badClock !== undefined) throw badClock;
+    const deadline = this.store.now() + o.wait;
     let stopListening: (() => void) | undefined;
     let listening = false;
     let wake: (() => void) | undefined;

@@ -30,7 +30,7 @@ export class MemoryLock extends BaseLocker {
     v.knownKeys('MemoryLock', o, OPTIONS);
     // Checked as the Redis lockers check it, so code that moves to Redis meets no new error there.
     if (o.prefix !== undefined) checkPrefix(v.string('prefix', o.prefix));
-    const clock = o.clock === undefined ? monotonicNow : v.clock('clock', o.clock);
-    super(new MemoryLockStore(clock), resolveLockerOptions(o));
+    const clock = o.clock === undefined ? undefined : v.clock('clock', o.clock);
+    super(new MemoryLockStore(clock?.now ?? monotonicNow, clock?.check), resolveLockerOptions(o));
   }
 }

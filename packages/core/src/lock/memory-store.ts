@@ -22,7 +22,14 @@ export class MemoryLockStore implements LockStore {
   // Walks the map a little on every attempt so expired, never-released locks do not pile up.
   private sweeper: Iterator<[string, Held]> | undefined;
 
-  constructor(private readonly clock: () => number) {}
+  constructor(
+    private readonly clock: () => number,
+    private readonly checkClock?: () => Error | undefined,
+  ) {}
+
+  clockError(): Error | undefined {
+    return this.checkClock?.();
+  }
 
   attempt(key: string, token: string, owner: string, ttl: number, queue: boolean): Promise<AttemptResult> {
     this.sweep();

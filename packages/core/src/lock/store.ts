@@ -119,6 +119,8 @@ export interface LockStore {
   drift(ttl: number): number;
   /** The clock leases are measured with (epoch ms). */
   now(): number;
+  /** Why no call may start now, for a store on an injected clock that gives no time (see validate.clock). */
+  clockError?(): Error | undefined;
   /** Frees connections and timers. */
   close(): void;
   /**

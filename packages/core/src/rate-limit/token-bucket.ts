@@ -94,7 +94,7 @@ export class TokenBucket {
       this.store = new RedisBucketStore(o.redis, prefix, params, timeout);
     } else {
       // Date.now is looked up at each call (in wallNow), so fake timers installed after construction still apply.
-      this.store = new MemoryBucketStore(params, clock ?? wallNow);
+      this.store = new MemoryBucketStore(params, clock?.now ?? wallNow, clock?.check);
     }
     STORES.set(this, this.store);
   }

@@ -1,4 +1,5 @@
 // Option validation shared by every constructor: fail at start-up, naming the option.
+import { realPerfNow } from './real-timers.js';
 
 /** Drops keys whose value is `undefined`, so spreading over defaults keeps the defaults. */
 export function definedOnly<T extends object>(options: T | undefined): Partial<T> {
@@ -74,25 +75,50 @@ export function func<F>(name: string, value: unknown): F {
   return value as F;
 }
 
-/**
- * A clock option (epoch ms): called once here, so that `() => new Date()` fails at construction. Its later readings are
- * checked by {@link badClock} where a call starts, which can reject; a throw from a reading made by a timer (a lease's
- * expiry, an auto-extension, a give-back) would have no caller to go to.
- */
-export function clock(name: string, value: unknown): () => number {
-  const read = func<() => number>(name, value);
-  const error = badClock(read());
-  if (error !== undefined) throw error;
-  return read;
+/** A clock option as the in-memory stores read it (see {@link clock}). */
+export interface InjectedClock {
+  /** The time: the clock's reading, or when it gives none (not a finite number, or a throw), the last good one counted on by the real clock. */
+  now: () => number;
+  /** Why a call must not start now: the clock's reading is not a finite number, or it threw; `undefined` when it is good. */
+  check: () => Error | undefined;
 }
 
 /**
- * The error for a clock reading that is not a finite number (a deadline of NaN never comes: a wait would poll for
- * ever, a bucket refuse everything), or `undefined` for a good one.
+ * A clock option (epoch ms): read once here, so that `() => new Date()` fails at construction. A call that starts on a
+ * bad reading is refused ({@link InjectedClock.check}); any other reading (a lease's expiry timer, an auto-extension,
+ * a give-back, the grant itself) cannot refuse anything, since a throw there has no caller to go to, and a NaN stored
+ * as a lock's end would keep the key for ever: such a reading counts on from the last good one by the real clock.
  */
-export function badClock(reading: unknown): TypeError | undefined {
-  if (typeof reading === 'number' && Number.isFinite(reading)) return undefined;
-  return new TypeError(`clock must return a finite number of ms, got ${describe(reading)}`);
+export function clock(name: string, value: unknown): InjectedClock {
+  const read = func<() => unknown>(name, value);
+  const first = reading(name, read);
+  if (first instanceof Error) throw first;
+  let lastGood = first;
+  let lastGoodAt = realPerfNow();
+  return {
+    now: () => {
+      const t = reading(name, read);
+      if (t instanceof Error) return lastGood + (realPerfNow() - lastGoodAt);
+      lastGood = t;
+      lastGoodAt = realPerfNow();
+      return t;
+    },
+    check: () => {
+      const t = reading(name, read);
+      return t instanceof Error ? t : undefined;
+    },
+  };
+}
+
+function reading(name: string, read: () => unknown): number | TypeError {
+  let t: unknown;
+  try {
+    t = read();
+  } catch (error) {
+    return new TypeError(`${name} threw: ${error instanceof Error ? error.message : describe(error)}`, { cause: error });
+  }
+  if (typeof t === 'number' && Number.isFinite(t)) return t;
+  return new TypeError(`${name} must return a finite number of ms, got ${describe(t)}`);
 }
 
 /** Lock and bucket keys: any non-empty string. */
