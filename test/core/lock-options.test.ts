@@ -139,6 +139,35 @@ describe('MemoryLock clock going bad later', () => {
     await after!.release();
   });
 
+  it.each([2, 3, 4, 5, 6, 7, 8])(
+    'never lets a lease outlast the store’s end for it when the clock throws on readings %i and the next of an acquire, then comes back lower',
+    async (k) => {
+      // (Reading 1 is the constructor's.) The clock stands at 1,000 until moved by hand: the time given for its bad
+      // readings (counted on by the real clock) lies a little above it.
+      let readings = 0;
+      let t = 1_000;
+      const locks = new MemoryLock({
+        clock: () => {
+          readings++;
+          if (readings === k + 1 || readings === k + 2) throw new Error('clock broke');
+          return t;
+        },
+      });
+      const a = await locks.acquire('k', { ttl: 10_000 }).catch(() => undefined);
+      readings = -Infinity;
+      if (a === undefined) return; // refused where it started
+      for (t = 10_990; t <= 11_050; t++) {
+        const b = await locks.tryAcquire('k', { ttl: 10_000 });
+        if (b === null) continue;
+        // Let in: the first lease must be over by then.
+        expect(a.expiresAt).toBeLessThanOrEqual(t);
+        await b.release();
+        return;
+      }
+      throw new Error('the lock was never free again');
+    },
+  );
+
   it('ends a lease by its timer, without a throw, when the clock throws', async () => {
     let broken = false;
     const locks = new MemoryLock({

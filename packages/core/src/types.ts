@@ -204,7 +204,9 @@ export interface MemoryLockOptions extends LockerOptions {
    * than waiting for an abort event.
    * It must return a finite number (not a `Date`): it is called once when the lock is made, and an acquire that starts
    * on any other reading (or a throw) rejects with a `TypeError` naming `clock`; a bad reading at any other moment
-   * (a timer's, the grant's) counts on from the last good one by the real clock, so leases and held keys still end.
+   * (a timer's, the grant's) counts on from the last good one by the real clock, so leases and held keys still end,
+   * and a clock that comes back below where that got stands there until it passes it (time never goes back across a
+   * bad spell, so a key may be held past its ttl by the spell's length).
    * @default epoch ms on the monotonic clock (`Date.now()` when hasp was loaded, plus `performance.now()` since): a
    *   stepped system clock neither frees held locks nor stretches leases
    */

@@ -87,7 +87,8 @@ export interface InjectedClock {
  * A clock option (epoch ms): read once here, so that `() => new Date()` fails at construction. A call that starts on a
  * bad reading is refused ({@link InjectedClock.check}); any other reading (a lease's expiry timer, an auto-extension,
  * a give-back, the grant itself) cannot refuse anything, since a throw there has no caller to go to, and a NaN stored
- * as a lock's end would keep the key for ever: such a reading counts on from the last good one by the real clock.
+ * as a lock's end would keep the key for ever: such a reading counts on from the last good one by the real clock, and
+ * a clock that comes back below where that got waits there (time never goes back across a bad spell).
  */
 export function clock(name: string, value: unknown): InjectedClock {
   const read = func<() => unknown>(name, value);
@@ -95,17 +96,30 @@ export function clock(name: string, value: unknown): InjectedClock {
   if (first instanceof Error) throw first;
   let lastGood = first;
   let lastGoodAt = realPerfNow();
+  // How far the time given in place of bad readings got: until the clock passes it again, time stands there rather
+  // than go back (a lease counted from a stand-in time would otherwise end after the store's end for it: two holders).
+  let floor = -Infinity;
+  const good = (t: number): void => {
+    lastGood = t;
+    lastGoodAt = realPerfNow();
+  };
   return {
     now: () => {
       const t = reading(name, read);
-      if (t instanceof Error) return lastGood + (realPerfNow() - lastGoodAt);
-      lastGood = t;
-      lastGoodAt = realPerfNow();
+      if (t instanceof Error) {
+        floor = Math.max(floor, lastGood + (realPerfNow() - lastGoodAt));
+        return floor;
+      }
+      good(t);
+      if (t < floor) return floor;
+      floor = -Infinity;
       return t;
     },
     check: () => {
       const t = reading(name, read);
-      return t instanceof Error ? t : undefined;
+      if (t instanceof Error) return t;
+      good(t);
+      return undefined;
     },
   };
 }
