@@ -168,6 +168,27 @@ describe('MemoryLock clock going bad later', () => {
     },
   );
 
+  it('refuses a call naming clock, and throws nothing, when the clock throws a value that cannot even be shown', async () => {
+    let evil = false;
+    const locks = new MemoryLock({
+      clock: () => {
+        if (!evil) return 1_000;
+        const error = new Error();
+        Object.defineProperty(error, 'message', {
+          get() {
+            throw new Error('message getter');
+          },
+        });
+        throw error;
+      },
+    });
+    const lease = await locks.acquire('k', { ttl: 50 });
+    evil = true;
+    expect(lease.signal.aborted).toBe(false);
+    await expect(locks.tryAcquire('other')).rejects.toThrow(/^clock threw: an error that cannot be shown$/);
+    await within(once(lease.signal, 'abort'), 2_000, 'the lease to end');
+  });
+
   it('ends a lease by its timer, without a throw, when the clock throws', async () => {
     let broken = false;
     const locks = new MemoryLock({

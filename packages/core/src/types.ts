@@ -253,7 +253,7 @@ export interface TokenBucketOptions {
    * ms count: a bucket that refills faster than `capacity` tokens per ms needs them. It must return a finite number
    * (not a `Date`): it is called once when the bucket is made, and a take or peek on any other reading (or a throw)
    * rejects with a `TypeError` naming `clock`; a bad reading at any other moment (a give-back's) counts on from the
-   * last good one by the real clock.
+   * last good one by the real clock, and time never goes back across such a spell.
    * @default `Date.now()`, with the fraction of a ms that `performance.now()` adds (`Date.now()` alone while either is
    *   replaced, as fake timers do)
    */

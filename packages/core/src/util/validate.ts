@@ -77,7 +77,10 @@ export function func<F>(name: string, value: unknown): F {
 
 /** A clock option as the in-memory stores read it (see {@link clock}). */
 export interface InjectedClock {
-  /** The time: the clock's reading, or when it gives none (not a finite number, or a throw), the last good one counted on by the real clock. */
+  /**
+   * The time: the clock's reading, or when it gives none (not a finite number, or a throw), the last good one counted
+   * on by the real clock; never below such a stand-in until the clock passes it.
+   */
   now: () => number;
   /** Why a call must not start now: the clock's reading is not a finite number, or it threw; `undefined` when it is good. */
   check: () => Error | undefined;
@@ -129,7 +132,14 @@ function reading(name: string, read: () => unknown): number | TypeError {
   try {
     t = read();
   } catch (error) {
-    return new TypeError(`${name} threw: ${error instanceof Error ? error.message : describe(error)}`, { cause: error });
+    // Nothing of the thrown value may throw in turn: this runs in timers too.
+    let why = 'an error that cannot be shown';
+    try {
+      why = error instanceof Error ? String(error.message) : describe(error);
+    } catch {
+      // keep the placeholder
+    }
+    return new TypeError(`${name} threw: ${why}`, { cause: error });
   }
   if (typeof t === 'number' && Number.isFinite(t)) return t;
   return new TypeError(`${name} must return a finite number of ms, got ${describe(t)}`);
