@@ -15,7 +15,7 @@ import {
 import { startProxy, type Proxy } from '../harness/proxy.js';
 import { startRedis, stopAll, type RedisNode } from '../harness/redis.js';
 import { lockNames } from '../../packages/core/src/lock/redis-store.js';
-import { FREE_HEAD_GRACE_MS, LEAVE } from '../../packages/core/src/lock/scripts.lua.js';
+import { FIRST_LIVE_SWEEP, FREE_HEAD_GRACE_MS, LEAVE } from '../../packages/core/src/lock/scripts.lua.js';
 import { HOSTILE_KEYS } from './fixtures.js';
 import { trackUnhandled } from '../redlock/support.js';
 import { abortReason, refusalCounter, rejection, uniquePrefix, until, within } from './helpers.js';
@@ -1136,6 +1136,33 @@ describe('RedisLock keys, channels and line', () => {
     expect(waited).toBeLessThan(FREE_HEAD_GRACE_MS + 2_000);
     expect(await admin.zscore(names.queue, 'gone')).toBeNull();
     await lease.release();
+    locks.close();
+  });
+
+  it('clears a crashed process’s lapsed places at most FIRST_LIVE_SWEEP per call, letting nobody in before the rest are gone', async () => {
+    const prefix = uniquePrefix('lapsed');
+    const names = lockNames(prefix, 'k');
+    // 2.5 sweeps of places whose deadlines have passed, ahead of everyone.
+    const lapsed = Math.floor(FIRST_LIVE_SWEEP * 2.5);
+    const line = admin.pipeline();
+    for (let i = 0; i < lapsed; i++) {
+      line.zadd(names.queue, i + 1, `gone${i}`);
+      line.hset(names.deadlines, `gone${i}`, 1);
+    }
+    line.pexpire(names.queue, 60_000);
+    line.pexpire(names.deadlines, 60_000);
+    await line.exec();
+    const locks = new RedisLock(node.client(), { prefix });
+    const left: number[] = [];
+    let lease: Lease | null = null;
+    for (let call = 0; call < 5 && lease === null; call++) {
+      lease = await locks.tryAcquire('k');
+      left.push(await admin.zcard(names.queue));
+    }
+    // Each refused call cleared one sweep; the one that found the line empty got the lock.
+    expect(left).toEqual([lapsed - FIRST_LIVE_SWEEP, lapsed - 2 * FIRST_LIVE_SWEEP, 0]);
+    expect(lease).not.toBeNull();
+    await lease!.release();
     locks.close();
   });
 });
