@@ -176,7 +176,7 @@ local function fenced(lockKey, fenceKey, t, o, f, ttl, retention, waiters)
 end
 -- At most ${FIRST_LIVE_SWEEP} lapsed places are cleared per call: a crashed process's thousands of waiters would
 -- otherwise block Redis for the whole sweep (about 4 ms per 1,000). Past that, the next lapsed place stands for the
--- head: it holds the line up, never lets anyone in out of turn, and later calls clear the rest.
+-- head (and the second value says so): it holds the line up, lets nobody in out of turn, and later calls clear the rest.
 local function firstLive(queueKey, deadlinesKey)
   for _ = 1, ${FIRST_LIVE_SWEEP} do
     local head = redis.call('ZRANGE', queueKey, 0, 0)[1]
@@ -186,7 +186,7 @@ local function firstLive(queueKey, deadlinesKey)
     redis.call('ZREM', queueKey, head)
     redis.call('HDEL', deadlinesKey, head)
   end
-  return redis.call('ZRANGE', queueKey, 0, 0)[1]
+  return redis.call('ZRANGE', queueKey, 0, 0)[1], true
 end
 `;
 
@@ -339,7 +339,7 @@ if cur then
 end
 
 -- Free, with a line: the first live waiter's turn.
-local head = firstLive(queueKey, deadlinesKey)
+local head, standIn = firstLive(queueKey, deadlinesKey)
 if head and head ~= member then
   -- Those ahead of us have grace ms to show up (one that has gone stops holding the line up sooner than its
   -- heartbeat would let it); live ones refresh their place with their next attempt.
@@ -349,7 +349,8 @@ if head and head ~= member then
     if tonumber(redis.call('HGET', deadlinesKey, name) or '0') > due then redis.call('HSET', deadlinesKey, name, due) end
   end
   join()
-  return refused(-1, head)
+  -- A lapsed place standing in: nobody will release or wake, so the caller asks again at once (each call clears more).
+  return refused(standIn and 0 or -1, head)
 end
 local waiters = 0
 if head then
