@@ -63,6 +63,11 @@ export function lockFailed(what: string, key: string, reason: string, cause?: un
   return new LockUnavailableError(`lock ${what} failed for "${truncate(key)}": ${reason}`, cause === undefined ? { key } : { cause, key });
 }
 
+/** `error` as a hasp error: itself when it is one, otherwise a {@link lockFailed} for `key` that keeps it as cause. */
+export function asLockError(what: string, key: string, error: unknown): HaspError {
+  return error instanceof HaspError ? error : lockFailed(what, key, String((error as Error | null)?.message ?? error), error);
+}
+
 /**
  * The error of an acquire whose grant came too late to be of use: `took` ms, against a `ttl` less the `drift` allowed.
  * With a ttl of a few ms the drift allowance is most of it, which the message says, or "took 1 ms" reads as a slow Redis.

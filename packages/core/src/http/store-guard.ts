@@ -55,7 +55,6 @@ const FORGET_SLACK_MS = 1_000;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 const SWEEP_MIN = 64;
 
-
 /** One open circuit: requests it covers follow the policy until a probe (or the client's 'ready') closes it. */
 interface Circuit {
   probing: boolean;

@@ -1,6 +1,6 @@
 // The one Lease implementation every backend hands out: expiry tracking, extension, idempotent release, and the
 // abort signal that tells the holder its lock is gone.
-import { HaspError, LockLostError, lockFailed, LockUnavailableError } from '../errors.js';
+import { asLockError, HaspError, LockLostError, LockUnavailableError } from '../errors.js';
 import type { Lease, LockErrorEvent } from '../types.js';
 import { backoff, RESEND_FIRST_MS, RESEND_MAX_MS } from '../util/bounded.js';
 import * as v from '../util/validate.js';
@@ -212,7 +212,7 @@ export class LeaseImpl implements Lease {
         },
         (error: unknown) => {
           if (this.ended) return; // lost (already reported) or released meanwhile
-          const err = error instanceof HaspError ? error : lockFailed('extend', this.key, String((error as Error)?.message ?? error), error);
+          const err = asLockError('extend', this.key, error);
           // Retries come ever faster as the lease runs out (they fail at once while the client reconnects): only the
           // first failure of a run is reported, not one event per retry; the last one is the cause of the loss.
           if (this.extendFailure === undefined) this.report({ operation: 'extend', key: this.key, error: err });

@@ -1,6 +1,6 @@
 // The behaviour every locker shares: option resolution, the acquire/wait loop with wake-ups, `using` with
 // auto-extension. Backends only supply a LockStore.
-import { HaspError, LockBusyError, LockLostError, grantTooLate, lockFailed } from '../errors.js';
+import { asLockError, LockBusyError, LockLostError, grantTooLate } from '../errors.js';
 import type { AcquireOptions, Lease, Locker, LockErrorEvent, LockerOptions, UsingOptions } from '../types.js';
 import { randomToken } from '../util/token.js';
 import { LONG_KEY_CHARS } from '../redis/keys.js';
@@ -169,7 +169,7 @@ export abstract class BaseLocker implements Locker {
         () => undefined,
         (error: unknown) => {
           // Never mask the function's own outcome with a release failure; the lock expires by its ttl anyway.
-          const err = error instanceof HaspError ? error : lockFailed('release', key, String((error as Error)?.message ?? error), error);
+          const err = asLockError('release', key, error);
           this.reportError({ operation: 'release', key, error: err });
         },
       );
@@ -385,7 +385,7 @@ export abstract class BaseLocker implements Locker {
           });
         }
         let left = deadline - this.store.now();
-        if (!(left > 0)) return result;
+        if (left <= 0) return result;
         if (o.signal?.aborted) throw abandon!();
         if (!listening) {
           // Subscribe, then try again at once: a release between our attempt and the subscription is not missed. (A
@@ -398,7 +398,7 @@ export abstract class BaseLocker implements Locker {
           // again, as after a poll (its confirmation, later, wakes a sleep for another attempt).
           if (first !== undefined) continue;
           left = deadline - this.store.now();
-          if (!(left > 0)) return result;
+          if (left <= 0) return result;
         }
         if (woken) continue;
         // (An abort between the last check and here would otherwise wait out the sleep: abortSleep is set only below.)
